@@ -1,0 +1,66 @@
+# Everyday tasks. `make help` lists them. Both `make demo` and `make test` set up what they need
+# (system packages, virtualenv, Airflow DB) on a fresh Debian 12 machine as root, idempotently.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_STAMP := $(VENV)/.system
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+PYTEST_ARGS ?=
+
+.PHONY: help setup system demo test unit lint format bench clean doctor
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+system: ## apt packages (sshd, Open MPI, iproute2) and the pod contract's directories
+	@docker/install-runtime.sh --system
+
+$(STAMP): pyproject.toml constraints.txt docker/requirements-runtime.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check uv
+	@$(PY) -m uv pip install -q --python $(PY) $(if $(wildcard /opt/wheels),--find-links /opt/wheels) \
+		-c constraints.txt -e '.[test]'
+	@docker/install-runtime.sh --python $(PY) -c constraints.txt
+	@touch $@
+
+setup: system $(STAMP) ## system packages + virtualenv with Airflow, DeepSpeed (CPU torch) and test tools
+
+$(AIRFLOW_HOME)/airflow.db: $(STAMP)
+	@mkdir -p $(AIRFLOW_HOME)
+	@$(BIN)/airflow db migrate >/dev/null
+
+demo: setup $(AIRFLOW_HOME)/airflow.db ## run the example DAG (3-rank DeepSpeed on the local backend)
+	$(BIN)/airflow dags test mpi_training_pipeline $(shell date -u +%Y-%m-%dT%H:%M:%S+00:00)
+
+lint: $(STAMP) ## ruff, format check, mypy (strict core), import contract, shellcheck
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy airflow_mpi
+	$(BIN)/lint-imports
+	@if command -v shellcheck >/dev/null; then shellcheck airflow_mpi/scripts/*.sh docker/*.sh .ci/run; \
+		else echo "shellcheck not installed: skipped"; fi
+
+format: $(STAMP) ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+unit: $(STAMP) ## the pure core's tests only (seconds)
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+test: setup lint ## everything: lint, unit, integration (real sshd + Open MPI), Kubernetes double, DAG
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: setup ## benchmarks: print figures (not timed tests)
+	$(PY) bench/launch_overhead.py
+
+doctor: $(STAMP) ## check this machine can run the local backend
+	$(BIN)/airflow-mpi doctor
+
+clean: ## remove the virtualenv, Airflow home and caches
+	rm -rf $(VENV) $(AIRFLOW_HOME) .pytest_cache .mypy_cache .ruff_cache

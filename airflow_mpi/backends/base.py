@@ -1,0 +1,47 @@
+"""The Backend protocol: what the operator, sensor and CLI need from a place that runs pods.
+
+A backend receives a rendered ``JobPlan`` once (``create``) and from then on is addressed by the
+job name, so a sensor in another task, or a later try, can find the same job. Implementations:
+``backends.local.LocalBackend`` (namespaced processes) and
+``backends.kubernetes.KubernetesBackend`` (core objects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+from airflow_mpi.plan import JobPlan
+from airflow_mpi.readiness import HostProbe
+from airflow_mpi.status import PodState
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def create(self, plan: JobPlan) -> None:
+        """Create the job's shared objects and its worker pods (not the master). Removes what an
+        earlier, crashed attempt of the same job left behind first."""
+
+    def probe_workers(self, job_name: str) -> list[HostProbe]:
+        """One readiness check of every worker's sshd, now (never waits)."""
+
+    def pod_states(self, job_name: str) -> list[PodState]:
+        """What every pod of the job is doing now."""
+
+    def start_master(self, job_name: str) -> None:
+        """Start the master pod: its launch script checks the hosts again and execs mpiexec."""
+
+    def follow_master(self, job_name: str, idle_tick: float = 0.1) -> Iterator[list[str]]:
+        """The master's output, live, as batches of complete lines, until it ends. Yields an empty
+        batch at least every ``idle_tick`` seconds so the caller can check deadlines and workers."""
+
+    def pod_log_tail(self, job_name: str, pod: str, lines: int = 20) -> list[str]:
+        """The last lines a pod printed (for failure messages)."""
+
+    def teardown(self, job_name: str) -> None:
+        """Delete everything the job created. Idempotent; safe on a partly created job."""
+
+    def leftovers(self, job_name: str) -> list[str]:
+        """What of the job still exists (empty after a complete teardown)."""

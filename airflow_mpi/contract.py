@@ -1,0 +1,138 @@
+"""The pod contract: the names and paths every pod, the launch script and both backends agree on.
+
+Platform variables come from seed 000 (the GJ platform); ``/etc/mpi/hostfile`` from seed 002
+(Baige / MPI Operator). The ``AIRFLOW_MPI_*`` variables are ours and are read only by the
+launch script. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- platform environment (seed 000): written into every pod, never by the user -------------
+ENV_ROLE = "GJ_TRAINING_ROLE"
+ENV_JOB_NAME = "GJ_TRAINING_VC_JOB_NAME"
+ENV_POD_NAME = "GJ_TRAINING_POD_NAME"
+ENV_MASTER_CPU = "GJ_TRAINING_MASTER_CPU_LIMIT"
+ENV_MASTER_GPU = "GJ_TRAINING_MASTER_GPU_LIMIT"
+ENV_MASTER_REPLICAS = "GJ_TRAINING_MASTER_REPLICAS"
+ENV_WORKER_CPU = "GJ_TRAINING_WORKER_CPU_LIMIT"
+ENV_WORKER_GPU = "GJ_TRAINING_WORKER_GPU_LIMIT"
+ENV_WORKER_REPLICAS = "GJ_TRAINING_WORKER_REPLICAS"
+ENV_MPI_HOST = "MPI_HOST"
+
+# --- our own launch-script settings ------------------------------------------------------------
+ENV_HOSTS_MODE = "AIRFLOW_MPI_HOSTS_MODE"
+ENV_SSH_PORT = "AIRFLOW_MPI_SSH_PORT"
+ENV_STARTUP_TIMEOUT = "AIRFLOW_MPI_STARTUP_TIMEOUT"
+ENV_NP_OVERRIDE = "AIRFLOW_MPI_NP"
+ENV_DRY_RUN = "AIRFLOW_MPI_DRY_RUN"
+ENV_RANK_HOSTS = "AIRFLOW_MPI_RANK_HOSTS"
+# Overrides for the three directories below; only tests and unusual images set them.
+ENV_CONFIG_DIR = "AIRFLOW_MPI_CONFIG_DIR"
+ENV_SSH_SECRET_DIR = "AIRFLOW_MPI_SSH_SECRET_DIR"  # noqa: S105 (a variable name)
+ENV_RUNTIME_DIR = "AIRFLOW_MPI_RUNTIME_DIR"
+
+# Names the user may not set in ``env`` (the platform owns them, or the script computes them).
+RESERVED_ENV_NAMES = frozenset(
+    {
+        ENV_ROLE,
+        ENV_JOB_NAME,
+        ENV_POD_NAME,
+        ENV_MASTER_CPU,
+        ENV_MASTER_GPU,
+        ENV_MASTER_REPLICAS,
+        ENV_WORKER_CPU,
+        ENV_WORKER_GPU,
+        ENV_WORKER_REPLICAS,
+        ENV_MPI_HOST,
+        "MPI_NP",
+        "MPI_HOSTS",
+    }
+)
+RESERVED_ENV_PREFIXES = ("GJ_TRAINING_", "NCCL_IB_", "AIRFLOW_MPI_")
+
+# Rank variables the rank wrapper derives from Open MPI's OMPI_COMM_WORLD_* (seed 002).
+RANK_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+
+# Lines a rank prints with this prefix carry a JSON result for XCom.
+RESULT_PREFIX = "AIRFLOW_MPI_RESULT "
+
+CONTAINER_NAME = "mpi"
+SSH_PORT_NAME = "ssh"
+
+
+# File names inside the config (ConfigMap) and ssh (Secret) directories.
+CONFIG_LAUNCH = "launch.sh"
+CONFIG_ARGS = "mpiexec.args"
+CONFIG_HOSTFILE = "hostfile"
+CONFIG_SITECUSTOMIZE = "sitecustomize.py"  # line-buffered Python ranks (on PYTHONPATH)
+SSH_CLIENT_KEY = "id_ed25519"
+SSH_CLIENT_PUB = "id_ed25519.pub"
+SSH_AUTHORIZED_KEYS = "authorized_keys"
+SSH_KNOWN_HOSTS = "known_hosts"
+SSH_CONFIG = "ssh_config"
+SSH_SSHD_CONFIG = "sshd_config"
+SSH_HOST_KEY = "ssh_host_ed25519_key"  # this pod's own host key, in its ssh directory
+
+
+@dataclass(frozen=True)
+class PodPaths:
+    """Where the pod's files live inside the pod (the same on Kubernetes and locally)."""
+
+    config_dir: str = "/etc/mpi"  # ConfigMap: launch.sh, mpiexec.args, hostfile
+    ssh_secret_dir: str = "/etc/airflow-mpi/ssh"  # noqa: S105 (the Secret's mount path)
+    runtime_dir: str = "/run/airflow-mpi"  # writable, private: ssh files 0600 under 0700, pid
+
+    @property
+    def launch_script(self) -> str:
+        return f"{self.config_dir}/launch.sh"
+
+    @property
+    def hostfile(self) -> str:
+        return f"{self.config_dir}/hostfile"
+
+    @property
+    def mpiexec_args(self) -> str:
+        return f"{self.config_dir}/mpiexec.args"
+
+    @property
+    def ssh_dir(self) -> str:
+        """The private copy of the ssh material the launch script installs (0700)."""
+        return f"{self.runtime_dir}/ssh"
+
+    @property
+    def ssh_config(self) -> str:
+        return f"{self.ssh_dir}/{SSH_CONFIG}"
+
+    @property
+    def sshd_config(self) -> str:
+        return f"{self.ssh_dir}/{SSH_SSHD_CONFIG}"
+
+    @property
+    def client_key(self) -> str:
+        return f"{self.ssh_dir}/{SSH_CLIENT_KEY}"
+
+    @property
+    def host_key(self) -> str:
+        return f"{self.ssh_dir}/{SSH_HOST_KEY}"
+
+    @property
+    def authorized_keys(self) -> str:
+        return f"{self.ssh_dir}/{SSH_AUTHORIZED_KEYS}"
+
+    @property
+    def known_hosts(self) -> str:
+        return f"{self.ssh_dir}/{SSH_KNOWN_HOSTS}"
+
+    @property
+    def sshd_pid_file(self) -> str:
+        return f"{self.runtime_dir}/sshd.pid"
+
+
+DEFAULT_PATHS = PodPaths()
+
+
+def host_key_file(pod_name: str) -> str:
+    """Secret key under which a pod's private host key is stored."""
+    return f"host-{pod_name}"

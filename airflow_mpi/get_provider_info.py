@@ -1,0 +1,58 @@
+"""Provider metadata read by Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_mpi import __version__
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-mpi",
+        "name": "MPI jobs",
+        "description": "Run MPI training jobs (DeepSpeed, Horovod, mpi4py) as one master pod plus N worker "
+        "pods, on Kubernetes or on an embedded local backend.",
+        "versions": [__version__],
+        "operators": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.operators.mpi"]}],
+        "sensors": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.sensors.sshd"]}],
+        "hooks": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.hooks.mpi"]}],
+        "triggers": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.triggers.mpi"]}],
+        "integrations": [
+            {
+                "integration-name": "MPI",
+                "external-doc-url": "https://www.open-mpi.org/doc/",
+                "tags": ["software"],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_mpi.hooks.mpi.MPIJobHook",
+                "hook-name": "MPI job backend",
+                "connection-type": "mpi",
+                "conn-fields": {
+                    "backend": {
+                        "label": "Backend",
+                        "description": "'local' (namespaced processes on this machine) or 'kubernetes'",
+                        "schema": {"type": ["string", "null"], "enum": ["local", "kubernetes", None]},
+                    },
+                    "kubernetes_conn_id": {
+                        "label": "Kubernetes connection id",
+                        "description": "Airflow connection of the cluster (kubernetes backend)",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "namespace": {
+                        "label": "Namespace",
+                        "description": "Namespace for the job's objects (default: the Kubernetes connection's)",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "state_dir": {
+                        "label": "Local state directory",
+                        "description": "Where the local backend keeps its job files (default /run/airflow-mpi-local)",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {"hidden-fields": ["host", "schema", "login", "password", "port", "extra"]},
+            }
+        ],
+    }

@@ -1,0 +1,244 @@
+"""Kubernetes objects of one job, as plain dicts (what ``airflow-mpi render`` prints and what the
+Kubernetes backend creates): headless Service (the owner of the rest), Secret, ConfigMap,
+worker pods, master pod. Core objects only: nothing to install in the cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from airflow_mpi import contract
+from airflow_mpi.exceptions import SpecError, SpecIssue
+from airflow_mpi.naming import LABEL_JOB, LABEL_PREFIX
+from airflow_mpi.plan import JobPlan, PodPlan
+from airflow_mpi.spec import RoleSpec, Volume, render_cpu
+
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # the Service's uid, known after create
+REDACTED = "<generated per job; not shown>"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery's node label
+VOLUME_CONFIG = "mpi-config"
+VOLUME_SSH = "mpi-ssh"
+VOLUME_RUNTIME = "mpi-runtime"
+VOLUME_SHM = "dshm"
+# Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around.
+DEADLINE_GRACE_SECONDS = 60
+
+Manifest = dict[str, Any]
+
+
+def secret_name(job_name: str) -> str:
+    return f"{job_name}-ssh"
+
+
+def config_map_name(job_name: str) -> str:
+    return f"{job_name}-config"
+
+
+def render_manifests(
+    plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
+) -> list[Manifest]:
+    """Every object of the job in creation order: Service, Secret, ConfigMap, workers, master."""
+    require_image(plan)
+    owner = render_owner_reference(plan, owner_uid or PLACEHOLDER_UID)
+    return [
+        render_service(plan, namespace),
+        render_secret(plan, namespace, owner, redact=redact_secrets),
+        render_config_map(plan, namespace, owner),
+        *(render_pod(plan, pod, namespace, owner) for pod in plan.workers),
+        render_pod(plan, plan.master, namespace, owner),
+    ]
+
+
+def require_image(plan: JobPlan) -> None:
+    if not plan.spec.image:
+        raise SpecError(
+            [SpecIssue("image", "is required on Kubernetes", "set the training image, e.g. one built from docker/")]
+        )
+
+
+def render_owner_reference(plan: JobPlan, uid: str) -> Manifest:
+    """The headless Service owns every other object: deleting it garbage-collects the job."""
+    return {"apiVersion": "v1", "kind": "Service", "name": plan.job_name, "uid": uid, "controller": True}
+
+
+def _metadata(plan: JobPlan, name: str, namespace: str, owner: Manifest | None, labels: Any = None) -> Manifest:
+    identity = plan.identity
+    meta: Manifest = {
+        "name": name,
+        "namespace": namespace,
+        "labels": dict(labels if labels is not None else plan.labels),
+        "annotations": {
+            **plan.spec.pod.annotations,
+            # Labels hold sanitized values; annotations keep the exact run identity.
+            f"{LABEL_PREFIX}/dag-id": identity.dag_id,
+            f"{LABEL_PREFIX}/task-id": identity.task_id,
+            f"{LABEL_PREFIX}/run-id": identity.run_id,
+        },
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+def render_service(plan: JobPlan, namespace: str) -> Manifest:
+    """Headless Service ``<job>``: ``<pod>.<job>`` resolves, even before pods are Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(plan, plan.job_name, namespace, None),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_JOB: plan.job_name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": contract.SSH_PORT_NAME, "port": plan.spec.ssh_port, "targetPort": plan.spec.ssh_port}],
+        },
+    }
+
+
+def render_secret(plan: JobPlan, namespace: str, owner: Manifest, *, redact: bool = False) -> Manifest:
+    data = plan.secret_data()
+    secret: Manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(plan, secret_name(plan.job_name), namespace, owner),
+        "type": "Opaque",
+    }
+    if redact:  # for display: the keys are generated anew for every job anyway
+        secret["stringData"] = dict.fromkeys(data, REDACTED)
+    else:
+        secret["data"] = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+    return secret
+
+
+def render_config_map(plan: JobPlan, namespace: str, owner: Manifest) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(plan, config_map_name(plan.job_name), namespace, owner),
+        "data": dict(plan.config_files),
+    }
+
+
+def _resources(role: RoleSpec) -> Manifest:
+    amounts = {"cpu": render_cpu(role.cpu_cores)}
+    if role.memory:
+        amounts["memory"] = role.memory
+    if role.gpus:
+        amounts[role.gpu_resource] = str(role.gpus)
+    # requests == limits: MPI ranks are gang-scheduled, a throttled or evicted rank stalls everyone.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _user_volume(volume: Volume) -> Manifest:
+    source: Manifest
+    if volume.host_path:
+        source = {"hostPath": {"path": volume.host_path}}
+    elif volume.persistent_volume_claim:
+        source = {"persistentVolumeClaim": {"claimName": volume.persistent_volume_claim, "readOnly": volume.read_only}}
+    elif volume.config_map:
+        source = {"configMap": {"name": volume.config_map}}
+    elif volume.secret:
+        source = {"secret": {"secretName": volume.secret}}
+    else:
+        source = {"emptyDir": {}}
+    return {"name": volume.name, **source}
+
+
+def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> Manifest:
+    spec = plan.spec
+    role = spec.master if pod.role.value == "master" else spec.workers
+    paths = plan.paths
+    shared_files = sorted(plan.ssh_files())
+    ssh_items = [{"key": name, "path": name} for name in shared_files]
+    ssh_items.append({"key": contract.host_key_file(pod.name), "path": contract.SSH_HOST_KEY})
+
+    mounts = [
+        {"name": VOLUME_CONFIG, "mountPath": paths.config_dir, "readOnly": True},
+        {"name": VOLUME_SSH, "mountPath": paths.ssh_secret_dir, "readOnly": True},
+        {"name": VOLUME_RUNTIME, "mountPath": paths.runtime_dir},
+    ]
+    volumes: list[Manifest] = [
+        {"name": VOLUME_CONFIG, "configMap": {"name": config_map_name(plan.job_name), "defaultMode": 0o755}},
+        {
+            "name": VOLUME_SSH,
+            # Only this pod's own host key, never the other pods' (items).
+            "secret": {"secretName": secret_name(plan.job_name), "defaultMode": 0o400, "items": ssh_items},
+        },
+        {"name": VOLUME_RUNTIME, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+    ]
+    if spec.pod.shm_size:
+        mounts.append({"name": VOLUME_SHM, "mountPath": "/dev/shm"})
+        volumes.append({"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.pod.shm_size}})
+    for volume in spec.pod.volumes:
+        mount: Manifest = {"name": volume.name, "mountPath": volume.mount_path, "readOnly": volume.read_only}
+        if volume.sub_path:
+            mount["subPath"] = volume.sub_path
+        mounts.append(mount)
+        volumes.append(_user_volume(volume))
+
+    container: Manifest = {
+        "name": contract.CONTAINER_NAME,
+        "image": spec.image,
+        "command": ["bash", paths.launch_script],
+        "env": [{"name": name, "value": value} for name, value in pod.env.items()],
+        "ports": [{"name": contract.SSH_PORT_NAME, "containerPort": spec.ssh_port, "protocol": "TCP"}],
+        "resources": _resources(role),
+        "volumeMounts": mounts,
+    }
+    if spec.pod.image_pull_policy:
+        container["imagePullPolicy"] = spec.pod.image_pull_policy
+    if pod.role.value == "worker":
+        # Ready once sshd listens; the master's launch script then checks a real ssh login.
+        container["readinessProbe"] = {
+            "tcpSocket": {"port": spec.ssh_port},
+            "periodSeconds": 2,
+            "failureThreshold": 1,
+            "successThreshold": 1,
+            "timeoutSeconds": 1,
+        }
+
+    node_selector = dict(spec.pod.node_selector)
+    if role.gpus and role.gpu_type:
+        node_selector.setdefault(GPU_PRODUCT_LABEL, role.gpu_type)
+    pod_spec: Manifest = {
+        "hostname": pod.name,
+        "subdomain": plan.job_name,
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "activeDeadlineSeconds": spec.startup_timeout + spec.timeout + DEADLINE_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.pod.service_account:
+        pod_spec["serviceAccountName"] = spec.pod.service_account
+    else:
+        pod_spec["automountServiceAccountToken"] = False  # training needs no API access
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if spec.pod.tolerations:
+        pod_spec["tolerations"] = [_toleration(t) for t in spec.pod.tolerations]
+    if spec.pod.priority_class:
+        pod_spec["priorityClassName"] = spec.pod.priority_class
+    if spec.pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.pod.image_pull_secrets]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(plan, pod.name, namespace, owner, pod.labels),
+        "spec": pod_spec,
+    }
+
+
+def _toleration(toleration: Any) -> Manifest:
+    out: Manifest = {"operator": toleration.operator}
+    for key, value in (
+        ("key", toleration.key),
+        ("value", toleration.value),
+        ("effect", toleration.effect),
+        ("tolerationSeconds", toleration.toleration_seconds),
+    ):
+        if value is not None:
+            out[key] = value
+    return out

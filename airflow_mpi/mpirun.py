@@ -1,0 +1,119 @@
+"""The mpiexec command line (Open MPI 4.x names), built from the typed ``MPIOptions``.
+
+Split in two: the host part (``--host``/``--hostfile`` and ``-np``) that the launch script
+computes from the platform environment (seed 000), and the *tail* (every other option, then the
+rank wrapper and the user's command) that is rendered here and shipped to the pod as
+``/etc/mpi/mpiexec.args`` (a quoted bash array). ``build_mpiexec_argv`` joins both, exactly as the script will.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
+from airflow_mpi.spec import HostsMode, MPIJobSpec
+from airflow_mpi.topology import Topology, render_mpi_hosts
+
+MPIEXEC = "mpiexec"
+
+# Rank-wrapper variables: which pods hold ranks (for NODE_RANK) and the optional env file.
+RANK_PODS_VAR = "AIRFLOW_MPI_RANK_PODS"
+ENV_FILE_VAR = "AIRFLOW_MPI_ENV_FILE"
+
+
+def build_host_args(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
+    """``--host h:n,...`` (seed 000) or ``--hostfile /etc/mpi/hostfile`` (seed 002), never both."""
+    if spec.hosts_mode is HostsMode.HOSTFILE:
+        return ["--hostfile", paths.hostfile]
+    return ["--host", render_mpi_hosts(topology)]
+
+
+def build_mpiexec_tail(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
+    """Every mpiexec argument after ``-np N``, ending with the rank wrapper and the command."""
+    mpi = spec.mpi
+    args = ["--map-by", mpi.map_by, "--bind-to", mpi.bind_to]
+    if mpi.npernode is not None:
+        args += ["--npernode", str(mpi.npernode)]
+    if mpi.oversubscribe:
+        args.append("--oversubscribe")
+
+    mca: dict[str, str] = {
+        # Any rank exiting non-zero ends the whole job (seed 002 fault handling).
+        "orte_abort_on_non_zero_status": "1",
+        # Keep <pod>.<job>: Open MPI strips the domain otherwise, and known_hosts pins full names.
+        "orte_keep_fqdn_hostnames": "1",
+        # The job's own ssh config: key, pinned known_hosts, port, batch mode, timeouts.
+        "plm_rsh_args": f"-F {paths.ssh_config}",
+    }
+    if mpi.no_tree_spawn:
+        mca["plm_rsh_no_tree_spawn"] = "1"
+    for key in ("pml", "btl", "btl_tcp_if_include", "btl_tcp_if_exclude", "oob_tcp_if_include", "oob_tcp_if_exclude"):
+        value = getattr(mpi, key)
+        if value is not None:
+            mca[key] = value
+    if not mpi.help_aggregate:
+        mca["orte_base_help_aggregate"] = "0"
+    mca.update(mpi.mca)
+    for key, value in mca.items():
+        args += ["--mca", key, value]
+
+    args += ["--timeout", str(spec.timeout), "--report-state-on-timeout"]
+    flags = (
+        (mpi.tag_output, "--tag-output"),
+        (mpi.report_bindings, "--report-bindings"),
+        (mpi.display_map, "--display-map"),
+        (mpi.verbose, "-v"),
+        # Open MPI 4: --debug starts a parallel debugger; debug-level logs are --debug-daemons.
+        (mpi.debug, "--debug-daemons"),
+        (mpi.leave_session_attached, "--leave-session-attached"),
+        (mpi.quiet, "-q"),
+    )
+    args += [flag for enabled, flag in flags if enabled]
+    if mpi.wdir:
+        args += ["-wdir", mpi.wdir]
+
+    for item in build_rank_exports(spec, topology):
+        args += ["-x", item]
+    args += list(mpi.extra_args)
+    return [*args, *build_rank_command(spec, paths)]
+
+
+def build_rank_exports(spec: MPIJobSpec, topology: Topology) -> list[str]:
+    """``-x`` items: the seed's PATH/LD_LIBRARY_PATH, the user's env, torch.distributed's rendezvous."""
+    exports = list(spec.mpi.export_env)
+    named = {item.split("=", 1)[0] for item in exports}
+    exports += [name for name in spec.env if name not in named]
+    exports += [
+        f"MASTER_ADDR={topology.rank0_host}",
+        f"MASTER_PORT={spec.mpi.master_port}",
+        f"{RANK_PODS_VAR}={','.join(h.pod for h in topology.rank_hosts)}",
+    ]
+    if spec.mpi.env_file:
+        exports.append(f"{ENV_FILE_VAR}={spec.mpi.env_file}")
+    return exports
+
+
+def build_rank_command(spec: MPIJobSpec, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
+    """The rank wrapper (RANK/WORLD_SIZE/LOCAL_RANK/NODE_RANK, prompt abort of Python ranks) + command.
+
+    ``bash`` is explicit: remote nodes must not depend on the script's mode bits (seed 002 FAQ).
+    """
+    return ["bash", paths.launch_script, "rank", *spec.command]
+
+
+def build_mpiexec_argv(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
+    """The full command line the master's launch script execs (seed 000's order)."""
+    return [
+        MPIEXEC,
+        "--allow-run-as-root",
+        *build_host_args(spec, topology, paths),
+        "-np",
+        str(topology.np),
+        *build_mpiexec_tail(spec, topology, paths),
+    ]
+
+
+def render_args_file(args: list[str]) -> str:
+    """A bash array the launch script sources: each argument single-quoted (``shlex.quote``), so
+    any text, newlines included, arrives as exactly one argument and nothing is expanded."""
+    return "MPI_ARGS_RENDERED=(\n" + "".join(f"  {shlex.quote(arg)}\n" for arg in args) + ")\n"

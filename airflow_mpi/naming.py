@@ -1,0 +1,111 @@
+"""Names: the job name from an Airflow run identity, pod and host names, labels and selectors.
+
+The job name is ``<spec.name>-<8 hex>``, the hex a hash of the full run identity, so it is
+deterministic for one try of one task instance and never collides between two runs or tries.
+Every name here is a valid DNS-1123 label; label values are made safe the way Kubernetes needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from airflow_mpi.spec import JOB_HASH_LEN, MAX_DNS_LABEL, Role
+
+LABEL_PREFIX = "airflow-mpi.io"
+LABEL_JOB = f"{LABEL_PREFIX}/job"
+LABEL_ROLE = f"{LABEL_PREFIX}/role"
+LABEL_INDEX = f"{LABEL_PREFIX}/replica-index"
+LABEL_DAG_ID = f"{LABEL_PREFIX}/dag-id"
+LABEL_TASK_ID = f"{LABEL_PREFIX}/task-id"
+LABEL_RUN_ID = f"{LABEL_PREFIX}/run-id"
+LABEL_MAP_INDEX = f"{LABEL_PREFIX}/map-index"
+LABEL_TRY_NUMBER = f"{LABEL_PREFIX}/try-number"
+LABEL_RUN_KEY = f"{LABEL_PREFIX}/run-key"  # hash of the identity without try: finds earlier tries
+MANAGED_BY = "airflow-mpi"
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which Airflow task-instance try a job belongs to."""
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int = -1
+    try_number: int = 1
+
+    def digest(self, *, with_try: bool = True) -> str:
+        parts = [self.dag_id, self.task_id, self.run_id, str(self.map_index)]
+        if with_try:
+            parts.append(str(self.try_number))
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def build_job_name(base: str, identity: RunIdentity) -> str:
+    """``<base>-<hash>``: deterministic per try, distinct between runs, tries and map indexes."""
+    return f"{base}-{identity.digest()[:JOB_HASH_LEN]}"
+
+
+def build_run_key(identity: RunIdentity) -> str:
+    """Label value shared by every try of one task instance (used to find an earlier try's job)."""
+    return identity.digest(with_try=False)[:40]
+
+
+def build_pod_name(job_name: str, role: Role, index: int) -> str:
+    return f"{job_name}-{role.value}-{index}"
+
+
+def build_host_name(job_name: str, pod_name: str) -> str:
+    """``<pod>.<job>``: resolves through the headless Service ``<job>`` (or the local hosts file)."""
+    return f"{pod_name}.{job_name}"
+
+
+def safe_label_value(text: str) -> str:
+    """A valid label value for any string: kept when valid, else cleaned, cut and hashed."""
+    if len(text) <= MAX_DNS_LABEL and re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", text):
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[: MAX_DNS_LABEL - 9].strip("-_.")
+    return f"{cleaned}-{digest}" if cleaned else digest
+
+
+def build_job_labels(job_name: str, identity: RunIdentity, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Labels on every object of the job: app.kubernetes.io/*, the job and the run identity."""
+    labels = dict(extra or {})
+    labels.update(
+        {
+            "app.kubernetes.io/name": "airflow-mpi",
+            "app.kubernetes.io/instance": job_name,
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            LABEL_JOB: job_name,
+            LABEL_DAG_ID: safe_label_value(identity.dag_id),
+            LABEL_TASK_ID: safe_label_value(identity.task_id),
+            LABEL_RUN_ID: safe_label_value(identity.run_id),
+            LABEL_MAP_INDEX: str(identity.map_index),
+            LABEL_TRY_NUMBER: str(identity.try_number),
+            LABEL_RUN_KEY: build_run_key(identity),
+        }
+    )
+    return labels
+
+
+def build_pod_labels(job_labels: Mapping[str, str], role: Role, index: int) -> dict[str, str]:
+    return {
+        **job_labels,
+        "app.kubernetes.io/component": role.value,
+        LABEL_ROLE: role.value,
+        LABEL_INDEX: str(index),
+    }
+
+
+def job_selector(job_name: str) -> str:
+    """Label selector for every object of one job."""
+    return f"{LABEL_JOB}={job_name}"
+
+
+def run_selector(identity: RunIdentity) -> str:
+    """Label selector for the jobs of every try of one task instance."""
+    return f"{LABEL_RUN_KEY}={build_run_key(identity)}"

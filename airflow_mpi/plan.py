@@ -1,0 +1,125 @@
+"""render_plan(spec, run identity) -> JobPlan: everything a backend needs, as plain data.
+
+A backend turns a plan into objects (Kubernetes) or namespaced processes (local); it never
+computes names, env, files or command lines itself, so both backends run the same pod contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from airflow_mpi import contract
+from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
+from airflow_mpi.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
+from airflow_mpi.naming import RunIdentity, build_job_labels, build_job_name, build_pod_labels
+from airflow_mpi.scripts import launch_script_text, rank_sitecustomize_text
+from airflow_mpi.spec import HostsMode, MPIJobSpec, Role
+from airflow_mpi.ssh import SshMaterial, build_ssh_material, render_ssh_files
+from airflow_mpi.topology import Topology, build_pod_env, build_topology, render_hostfile
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    name: str
+    role: Role
+    index: int
+    host: str  # <pod>.<job>
+    env: Mapping[str, str]
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    spec: MPIJobSpec
+    identity: RunIdentity
+    job_name: str
+    topology: Topology
+    labels: Mapping[str, str]
+    pods: tuple[PodPlan, ...]  # master first, then workers by index
+    config_files: Mapping[str, str]  # the ConfigMap: launch.sh, mpiexec.args[, hostfile]
+    ssh: SshMaterial = field(repr=False)
+    mpiexec_argv: tuple[str, ...]
+    paths: PodPaths = DEFAULT_PATHS
+
+    @property
+    def master(self) -> PodPlan:
+        return self.pods[0]
+
+    @property
+    def workers(self) -> tuple[PodPlan, ...]:
+        return self.pods[1:]
+
+    def pod(self, name: str) -> PodPlan:
+        for pod in self.pods:
+            if pod.name == name:
+                return pod
+        raise KeyError(name)
+
+    def ssh_files(self) -> dict[str, str]:
+        """Files shared by every pod's ssh directory (private keys included: keep out of logs)."""
+        return render_ssh_files(self.job_name, self.ssh, self.spec.ssh_port, self.paths)
+
+    def ssh_files_for(self, pod_name: str) -> dict[str, str]:
+        """One pod's ssh directory: the shared files plus its own host key only."""
+        files = self.ssh_files()
+        files[contract.SSH_HOST_KEY] = self.ssh.host_keys[pod_name].private_openssh
+        return files
+
+    def secret_data(self) -> dict[str, str]:
+        """The Secret: shared files plus every pod's host key under ``host-<pod>``."""
+        data = self.ssh_files()
+        for pod, key in self.ssh.host_keys.items():
+            data[contract.host_key_file(pod)] = key.private_openssh
+        return data
+
+
+def render_plan(
+    spec: MPIJobSpec,
+    identity: RunIdentity,
+    *,
+    ssh: SshMaterial | None = None,
+    paths: PodPaths = DEFAULT_PATHS,
+    launch_script: str | None = None,
+) -> JobPlan:
+    """Validate ``spec`` and derive every name, env, file and command line of one job."""
+    spec.validated()
+    job_name = build_job_name(spec.name, identity)
+    topology = build_topology(spec, job_name)
+    labels = build_job_labels(job_name, identity, spec.pod.labels)
+    pods = [_pod_plan(spec, topology, labels, Role.MASTER, 0, topology.master_pod)]
+    pods += [
+        _pod_plan(spec, topology, labels, Role.WORKER, index, name) for index, name in enumerate(topology.worker_pods)
+    ]
+    config_files = {
+        contract.CONFIG_LAUNCH: launch_script if launch_script is not None else launch_script_text(),
+        contract.CONFIG_ARGS: render_args_file(build_mpiexec_tail(spec, topology, paths)),
+        contract.CONFIG_SITECUSTOMIZE: rank_sitecustomize_text(),
+    }
+    if spec.hosts_mode is HostsMode.HOSTFILE:
+        config_files[contract.CONFIG_HOSTFILE] = render_hostfile(topology)
+    return JobPlan(
+        spec=spec,
+        identity=identity,
+        job_name=job_name,
+        topology=topology,
+        labels=labels,
+        pods=tuple(pods),
+        config_files=config_files,
+        ssh=ssh if ssh is not None else build_ssh_material(job_name, topology.pods),
+        mpiexec_argv=tuple(build_mpiexec_argv(spec, topology, paths)),
+        paths=paths,
+    )
+
+
+def _pod_plan(
+    spec: MPIJobSpec, topology: Topology, job_labels: Mapping[str, str], role: Role, index: int, name: str
+) -> PodPlan:
+    return PodPlan(
+        name=name,
+        role=role,
+        index=index,
+        host=f"{name}.{topology.job_name}",
+        env=build_pod_env(spec, topology, role, name),
+        labels=build_pod_labels(job_labels, role, index),
+    )

@@ -1,0 +1,86 @@
+"""sshd readiness: what one ssh login attempt to a worker says, in the words of seed 002's FAQ.
+
+The operator, the sensor and the local backend share these; the launch script classifies the
+same ssh messages the same way in bash (tests compare the two on the same samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+class HostProblem(str, Enum):
+    OK = "ok"
+    NOT_RESOLVING = "not resolving"
+    PORT_CLOSED = "port closed"
+    KEY_REFUSED = "key refused"
+    HOST_KEY_MISMATCH = "host key mismatch"
+    NO_ANSWER = "no answer"
+    POD_ENDED = "pod ended"
+    SSH_FAILED = "ssh failed"
+
+
+# (problem, markers in ssh's stderr), checked in order.
+_MARKERS: tuple[tuple[HostProblem, tuple[str, ...]], ...] = (
+    (
+        HostProblem.NOT_RESOLVING,
+        ("Could not resolve hostname", "Name or service not known", "Temporary failure in name resolution"),
+    ),
+    (HostProblem.PORT_CLOSED, ("Connection refused",)),
+    (HostProblem.KEY_REFUSED, ("Permission denied",)),
+    (HostProblem.HOST_KEY_MISMATCH, ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED")),
+    (HostProblem.NO_ANSWER, ("timed out", "No route to host", "Network is unreachable")),
+)
+
+_HINTS = {
+    HostProblem.NOT_RESOLVING: "{host} has no address (pod not running yet, or the headless Service is missing)",
+    HostProblem.PORT_CLOSED: "nothing listens on port {port} (sshd not running in the pod; seed 002 FAQ "
+    "'mpirun prints nothing or hangs': check 'ps aux | grep sshd' and 'ss -lntp | grep :{port}' in the pod)",
+    HostProblem.KEY_REFUSED: "sshd rejected the job key (authorized_keys or file modes; seed 002 FAQ "
+    "'Permission denied (publickey)')",
+    HostProblem.HOST_KEY_MISMATCH: "the host answering as {host} is not this job's pod "
+    "(its host key is not the pinned one)",
+    HostProblem.NO_ANSWER: "packets to {host} port {port} are dropped (network policy or routing)",
+    HostProblem.POD_ENDED: "the pod's process ended before sshd answered",
+    HostProblem.SSH_FAILED: "ssh failed",
+}
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    host: str
+    problem: HostProblem
+    detail: str = ""  # the last line ssh printed, or the pod's own reason
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is HostProblem.OK
+
+    def describe(self, port: int = 22) -> str:
+        if self.ok:
+            return f"{self.host}: ok"
+        hint = _HINTS[self.problem].format(host=self.host, port=port)
+        detail = f" [{self.detail}]" if self.detail else ""
+        return f"{self.host}: {self.problem.value}: {hint}{detail}"
+
+
+def classify_ssh_result(host: str, returncode: int, stderr: str) -> HostProbe:
+    """One ``ssh host true`` attempt -> what is wrong with the host, if anything."""
+    if returncode == 0:
+        return HostProbe(host, HostProblem.OK)
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else f"exit code {returncode}"
+    for problem, markers in _MARKERS:
+        if any(marker in stderr for marker in markers):
+            return HostProbe(host, problem, last)
+    return HostProbe(host, HostProblem.SSH_FAILED, last)
+
+
+def summarize_not_ready(probes: Sequence[HostProbe], waited: float, port: int = 22) -> str:
+    """The failure message when the startup timeout passes: one line per host not ready."""
+    failing = [p for p in probes if not p.ok]
+    lines = [f"{len(failing)} of {len(probes)} worker host(s) did not accept ssh within {waited:.0f}s:"]
+    lines += [f"  {probe.describe(port)}" for probe in failing]
+    return "\n".join(lines)

@@ -1,0 +1,290 @@
+"""The job flow, once, for the operator and the CLI: create -> sshd ready -> master -> stream ->
+watch -> result, with teardown on every path.
+
+Airflow-free on purpose: ``MPIJobOperator`` and ``airflow-mpi run`` both drive ``JobRunner``;
+the sensor shares ``check_sshd_once``/``wait_for_sshd``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow_mpi.backends.base import Backend
+from airflow_mpi.exceptions import JobFailed, JobTimeout, LaunchError, SshdNotReady
+from airflow_mpi.logstream import OutputTracker, build_log_records, build_rank_pods
+from airflow_mpi.naming import RunIdentity
+from airflow_mpi.plan import JobPlan, render_plan
+from airflow_mpi.readiness import HostProbe, summarize_not_ready
+from airflow_mpi.spec import MPIJobSpec
+from airflow_mpi.status import JobPhase, JobStatus, evaluate_job
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL = 0.5  # how often workers are checked while the master runs
+TIMEOUT_GRACE = 3.0  # mpiexec --timeout reports first; past this the task side kills the job
+
+
+@dataclass(frozen=True)
+class SshdReport:
+    ready: bool
+    probes: list[HostProbe]
+    failure: JobStatus | None = None  # a worker pod ended: waiting longer cannot help
+
+
+def check_sshd_once(backend: Backend, job_name: str) -> SshdReport:
+    """One readiness check: pod states first (a dead worker fails at once), then real ssh logins."""
+    status = evaluate_job(backend.pod_states(job_name))
+    if status.phase is JobPhase.FAILED:
+        return SshdReport(False, [], status)
+    probes = backend.probe_workers(job_name)
+    return SshdReport(all(p.ok for p in probes), probes)
+
+
+def wait_for_sshd(
+    backend: Backend,
+    job_name: str,
+    timeout: float,
+    *,
+    port: int = 22,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[HostProbe]:
+    """Until every worker accepts the job key; bounded by ``timeout`` with a reason per host."""
+    start = clock()
+    delay = 0.05
+    while True:
+        report = check_sshd_once(backend, job_name)
+        if report.failure is not None:
+            raise _worker_failed(backend, job_name, report.failure, "before sshd was ready")
+        if report.ready:
+            return report.probes
+        waited = clock() - start
+        if waited >= timeout:
+            message = summarize_not_ready(report.probes, waited, port)
+            raise SshdNotReady(message, [p.describe(port) for p in report.probes if not p.ok])
+        sleep(min(delay, max(0.0, timeout - waited)))
+        delay = min(delay * 2, 1.0)
+
+
+def _worker_failed(backend: Backend, job_name: str, status: JobStatus, when: str) -> JobFailed:
+    tail = backend.pod_log_tail(job_name, status.failed_pod, 15) if status.failed_pod else []
+    shown = "\n".join(f"  | {line}" for line in tail)
+    return JobFailed(
+        f"MPI job {job_name} failed {when}: {status.reason}"
+        + (f"\nlast lines of {status.failed_pod}:\n{shown}" if tail else ""),
+        exit_code=status.exit_code,
+        pod=status.failed_pod,
+        tail=tail,
+    )
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class JobResult:
+    """What the task returns (XCom): small, no keys, no logs."""
+
+    job_name: str
+    exit_code: int
+    np: int
+    hosts: list[str]
+    timings: dict[str, str] = field(default_factory=dict)
+    durations_s: dict[str, float] = field(default_factory=dict)
+    result: Any = None
+    lines: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_name": self.job_name,
+            "exit_code": self.exit_code,
+            "np": self.np,
+            "hosts": self.hosts,
+            "timings": self.timings,
+            "durations_s": self.durations_s,
+            "result": self.result,
+            "lines": self.lines,
+        }
+
+
+class JobRunner:
+    """Runs one planned job on one backend. ``emit`` receives log records (one or more lines)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        plan: JobPlan,
+        emit: Callable[[str], None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.emit = emit
+        self.clock = clock
+        self.output = OutputTracker()
+        self._teardown_lock = threading.Lock()
+        self._torn_down = False
+
+    @property
+    def job_name(self) -> str:
+        return self.plan.job_name
+
+    def run(self) -> JobResult:
+        try:
+            return self._run()
+        finally:
+            self.teardown()
+
+    def teardown(self) -> list[str]:
+        """Delete the job's pods and objects (once, from whichever path gets here first)."""
+        with self._teardown_lock:
+            if self._torn_down:
+                return []
+            self._torn_down = True
+            self.backend.teardown(self.job_name)
+            left = self.backend.leftovers(self.job_name)
+            if left:
+                log.error("teardown of %s left: %s", self.job_name, "; ".join(left))
+            return left
+
+    def _run(self) -> JobResult:
+        plan, spec = self.plan, self.plan.spec
+        marks: dict[str, float] = {"start": self.clock()}
+        timings = {"submitted": _now()}
+        self.emit(
+            f"airflow-mpi: job {plan.job_name} on the {self.backend.name} backend: 1 master + "
+            f"{len(plan.workers)} worker(s), {plan.topology.np} rank(s)"
+        )
+        self.backend.create(plan)
+        marks["created"], timings["created"] = self.clock(), _now()
+        if plan.workers:
+            wait_for_sshd(self.backend, plan.job_name, spec.startup_timeout, port=spec.ssh_port, clock=self.clock)
+        marks["sshd_ready"], timings["sshd_ready"] = self.clock(), _now()
+        self.emit(f"airflow-mpi: sshd ready on {len(plan.workers)} worker(s); starting mpiexec on {plan.master.name}")
+        self.backend.start_master(plan.job_name)
+        marks["mpiexec_started"], timings["mpiexec_started"] = self.clock(), _now()
+        status = self._stream(deadline=marks["mpiexec_started"] + spec.timeout)
+        marks["finished"], timings["finished"] = self.clock(), _now()
+        self.emit(f"airflow-mpi: job {plan.job_name} {status.phase.value}")
+        if status.phase is not JobPhase.SUCCEEDED:
+            raise self._failure(status)
+        return JobResult(
+            job_name=plan.job_name,
+            exit_code=0,
+            np=plan.topology.np,
+            hosts=[h.host for h in plan.topology.rank_hosts],
+            timings=timings,
+            durations_s={
+                "create": round(marks["created"] - marks["start"], 3),
+                "sshd_ready": round(marks["sshd_ready"] - marks["created"], 3),
+                "mpiexec": round(marks["finished"] - marks["mpiexec_started"], 3),
+                "total": round(marks["finished"] - marks["start"], 3),
+            },
+            result=self.output.result,
+            lines=self.output.lines_seen,
+        )
+
+    def _stream(self, deadline: float) -> JobStatus:
+        """Forward the master's output live and watch the workers, until the master ends."""
+        next_watch = self.clock() + WATCH_INTERVAL
+        for batch in self.backend.follow_master(self.job_name, idle_tick=0.1):
+            if batch:
+                self.output.feed(batch)
+                for record in build_log_records(batch):
+                    self.emit(record)
+            now = self.clock()
+            if now >= deadline + TIMEOUT_GRACE:
+                raise JobTimeout(
+                    f"MPI job {self.job_name} ran past its timeout of {self.plan.spec.timeout}s and was killed",
+                    tail=self.output.tail[-15:],
+                )
+            if now >= next_watch:
+                next_watch = now + WATCH_INTERVAL
+                status = evaluate_job(self.backend.pod_states(self.job_name))
+                if status.phase is JobPhase.FAILED and status.failed_pod != self.plan.master.name:
+                    raise _worker_failed(self.backend, self.job_name, status, "while training")
+        states = self.backend.pod_states(self.job_name)
+        status = evaluate_job(states)
+        if self.clock() >= deadline:
+            self.output.timed_out = True
+        return status
+
+    def _failure(self, status: JobStatus) -> JobFailed:
+        plan, out = self.plan, self.output
+        if status.failed_pod and status.failed_pod != plan.master.name:
+            return _worker_failed(self.backend, self.job_name, status, "while training")
+        if out.timed_out:
+            return JobTimeout(
+                f"MPI job {self.job_name} ran past its timeout of {plan.spec.timeout}s (mpiexec --timeout)",
+                exit_code=status.exit_code,
+                tail=out.tail[-15:],
+            )
+        rank = out.failed_rank
+        if rank is not None:
+            pods = build_rank_pods(plan.spec, plan.topology)
+            where = f" on pod {pods[rank]}" if rank < len(pods) else ""
+            cause = (
+                f"exited with code {out.failed_exit_code}"
+                if out.failed_exit_code is not None
+                else f"was killed by signal {out.failed_signal}"
+                if out.failed_signal is not None
+                else "failed"
+            )
+            tail = out.rank_tail(rank) or out.tail[-15:]
+            shown = "\n".join(f"  | {line}" for line in tail[-15:])
+            return JobFailed(
+                f"MPI job {self.job_name} failed: rank {rank}{where} {cause} (mpiexec exit code "
+                f"{status.exit_code})\nlast lines of rank {rank}:\n{shown}",
+                exit_code=out.failed_exit_code if out.failed_exit_code is not None else status.exit_code,
+                pod=pods[rank] if rank < len(pods) else plan.master.name,
+                rank=rank,
+                tail=tail,
+            )
+        tail = out.tail[-15:]
+        shown = "\n".join(f"  | {line}" for line in tail)
+        return JobFailed(
+            f"MPI job {self.job_name} failed: {status.reason}\nlast lines of {plan.master.name}:\n{shown}",
+            exit_code=status.exit_code,
+            pod=plan.master.name,
+            tail=tail,
+        )
+
+
+def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | None = None) -> int:
+    """``airflow-mpi run``: the operator's flow on the local backend, output to stdout."""
+    import signal
+
+    from airflow_mpi.backends.local import LocalBackend
+
+    plan = render_plan(spec, identity)
+    backend = LocalBackend(state_dir=state_dir)
+
+    def emit(text: str) -> None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    runner = JobRunner(backend, plan, emit)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        result = runner.run()
+    except KeyboardInterrupt:
+        print(f"airflow-mpi: interrupted; job {plan.job_name} removed", file=sys.stderr)
+        return 130
+    except (JobFailed, LaunchError) as error:
+        print(f"airflow-mpi: {error}", file=sys.stderr)
+        return error.exit_code or 1 if isinstance(error, JobFailed) else 1
+    emit(f"airflow-mpi: done in {result.durations_s['total']}s; result: {result.result}")
+    return 0

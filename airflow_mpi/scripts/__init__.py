@@ -1,0 +1,19 @@
+"""The in-pod launch script and the ranks' sitecustomize, shipped as package data (the ConfigMap
+and the image carry them)."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+
+@cache
+def launch_script_text() -> str:
+    """The launch script's text, read once from the installed package."""
+    return files(__package__).joinpath("launch.sh").read_text(encoding="utf-8")
+
+
+@cache
+def rank_sitecustomize_text() -> str:
+    """Python ranks load it first: line-buffered stdout/stderr (whole lines in the log)."""
+    return files(__package__).joinpath("sitecustomize.py").read_text(encoding="utf-8")

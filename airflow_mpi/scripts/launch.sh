@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# airflow-mpi launch script: the same file runs in every pod of an MPI job (seed 000).
+#
+#   launch.sh               by GJ_TRAINING_ROLE:
+#                             worker  prepare /run/sshd, exec sshd (nothing else)
+#                             master  compute MPI_HOSTS and MPI_NP (seed 000's four cases, or
+#                                     /etc/mpi/hostfile in hostfile mode), start sshd, wait until
+#                                     every host accepts the job key, print hosts/NP, exec mpiexec
+#   launch.sh rank CMD...   what mpiexec starts on every slot: sets RANK, WORLD_SIZE, LOCAL_RANK,
+#                           LOCAL_WORLD_SIZE, NODE_RANK from OMPI_COMM_WORLD_*, then execs CMD
+#   launch.sh check-hosts   one ssh login to every rank host, with a reason per failing host
+#
+# AIRFLOW_MPI_DRY_RUN=1 prints what would be exec'd and exits 0 (no sshd, no waiting).
+# The Python renderer (airflow_mpi.topology / mpirun) computes the same hosts and command line;
+# tests run both and compare them.
+set -euo pipefail
+
+CONFIG_DIR="${AIRFLOW_MPI_CONFIG_DIR:-/etc/mpi}"
+SECRET_DIR="${AIRFLOW_MPI_SSH_SECRET_DIR:-/etc/airflow-mpi/ssh}"
+RUNTIME_DIR="${AIRFLOW_MPI_RUNTIME_DIR:-/run/airflow-mpi}"
+SSH_DIR="${RUNTIME_DIR}/ssh"
+SSHD="${AIRFLOW_MPI_SSHD:-/usr/sbin/sshd}"
+SSH_FILES=(id_ed25519 id_ed25519.pub authorized_keys known_hosts ssh_config sshd_config ssh_host_ed25519_key)
+PROBE_CONCURRENCY=32
+
+log() { printf '[airflow-mpi] %s\n' "$*"; }
+die() {
+  printf '[airflow-mpi] ERROR: %s\n' "$1" >&2
+  exit "${2:-1}"
+}
+
+require_env() {
+  local name missing=()
+  for name in "$@"; do
+    [[ -n "${!name+x}" ]] || missing+=("$name")
+  done
+  ((${#missing[@]} == 0)) || die "missing platform variable(s): ${missing[*]} (is this pod part of an airflow-mpi job?)"
+}
+
+require_count() { # name value: a whole number >= 0
+  [[ "$2" =~ ^[0-9]+$ ]] || die "$1=$2 is not a whole number"
+}
+
+# --- worker ----------------------------------------------------------------------------------
+
+run_worker() {
+  if [[ "${AIRFLOW_MPI_DRY_RUN:-0}" == 1 ]]; then
+    printf 'exec %q -D -e -f %q\n' "$SSHD" "$SSH_DIR/sshd_config"
+    return 0
+  fi
+  log "Starting MPI worker ${GJ_TRAINING_POD_NAME}: sshd on port ${AIRFLOW_MPI_SSH_PORT:-22}"
+  install_ssh
+  exec "$SSHD" -D -e -f "$SSH_DIR/sshd_config"
+}
+
+install_ssh() {
+  # Copy the job's ssh material into a private directory: sshd refuses keys that others can
+  # read, and Secret volumes hold symlinks whose modes follow the volume's defaultMode.
+  local file
+  umask 077
+  mkdir -p "$RUNTIME_DIR" "$SSH_DIR"
+  chmod 0755 "$RUNTIME_DIR"
+  chmod 0700 "$SSH_DIR"
+  for file in "${SSH_FILES[@]}"; do
+    [[ -r "$SECRET_DIR/$file" ]] || die "missing $SECRET_DIR/$file: the job's ssh Secret is not mounted"
+    cat "$SECRET_DIR/$file" >"$SSH_DIR/$file"
+    chmod 0600 "$SSH_DIR/$file"
+  done
+  # seed 002 FAQ: "Missing privilege separation directory: /run/sshd"
+  mkdir -p /run/sshd
+  chmod 0755 /run/sshd
+  umask 022
+}
+
+# --- master: hosts and NP (seed 000) ---------------------------------------------------------
+
+build_worker_hosts() { # slots -> "host:slots,..." from MPI_HOST, empty items dropped
+  local slots="$1" item sep="" out=""
+  local -a items
+  [[ -n "${MPI_HOST:-}" ]] || return 0
+  IFS=',' read -r -a items <<<"${MPI_HOST}"
+  for item in "${items[@]}"; do
+    if [[ -n "$item" ]]; then
+      out+="${sep}${item}:${slots}"
+      sep=","
+    fi
+  done
+  printf '%s' "$out"
+}
+
+compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS
+  local master_host="${GJ_TRAINING_POD_NAME}.${GJ_TRAINING_VC_JOB_NAME}"
+  local worker_hosts=""
+  local master_cpu="${GJ_TRAINING_MASTER_CPU_LIMIT}" master_gpu="${GJ_TRAINING_MASTER_GPU_LIMIT}"
+  local master_replicas="${GJ_TRAINING_MASTER_REPLICAS}"
+  local worker_cpu="${GJ_TRAINING_WORKER_CPU_LIMIT}" worker_gpu="${GJ_TRAINING_WORKER_GPU_LIMIT}"
+  local worker_replicas="${GJ_TRAINING_WORKER_REPLICAS}"
+  require_count GJ_TRAINING_MASTER_GPU_LIMIT "$master_gpu"
+  require_count GJ_TRAINING_WORKER_GPU_LIMIT "$worker_gpu"
+  require_count GJ_TRAINING_MASTER_REPLICAS "$master_replicas"
+  require_count GJ_TRAINING_WORKER_REPLICAS "$worker_replicas"
+
+  if [[ "${AIRFLOW_MPI_HOSTS_MODE:-host}" == hostfile ]]; then
+    local hostfile="$CONFIG_DIR/hostfile"
+    [[ -r "$hostfile" ]] || die "hostfile mode but $hostfile is missing"
+    MPI_HOSTS=$(awk '!/^[[:space:]]*(#|$)/ {
+        n = 1
+        for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { n = substr($i, 7) }
+        printf "%s%s:%s", sep, $1, n; sep = ","
+      }' "$hostfile")
+    MPI_NP=$(awk '!/^[[:space:]]*(#|$)/ {
+        n = 1
+        for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { n = substr($i, 7) }
+        s += n
+      } END { print s + 0 }' "$hostfile")
+    HOST_ARGS=(--hostfile "$hostfile")
+  else
+    if [[ "$master_gpu" -eq 0 && "$worker_gpu" -eq 0 ]]; then
+      require_count GJ_TRAINING_MASTER_CPU_LIMIT "$master_cpu"
+      require_count GJ_TRAINING_WORKER_CPU_LIMIT "$worker_cpu"
+      worker_hosts=$(build_worker_hosts "$worker_cpu")
+      MPI_HOSTS="${master_host}:${master_cpu}"
+      if [[ -n "$worker_hosts" ]]; then
+        MPI_HOSTS="${MPI_HOSTS},${worker_hosts}"
+      fi
+      MPI_NP=$((master_replicas * master_cpu + worker_replicas * worker_cpu))
+    elif [[ "$master_gpu" -gt 0 && "$worker_gpu" -gt 0 ]]; then
+      worker_hosts=$(build_worker_hosts "$worker_gpu")
+      MPI_HOSTS="${master_host}:${master_gpu}"
+      if [[ -n "$worker_hosts" ]]; then
+        MPI_HOSTS="${MPI_HOSTS},${worker_hosts}"
+      fi
+      MPI_NP=$((master_replicas * master_gpu + worker_replicas * worker_gpu))
+    elif [[ "$master_gpu" -eq 0 && "$worker_gpu" -gt 0 ]]; then
+      MPI_HOSTS=$(build_worker_hosts "$worker_gpu")
+      MPI_NP=$((worker_replicas * worker_gpu))
+    else
+      MPI_HOSTS="${master_host}:${master_gpu}"
+      MPI_NP=$((master_replicas * master_gpu))
+    fi
+    HOST_ARGS=(--host "$MPI_HOSTS")
+  fi
+
+  if [[ "${MPI_NP}" -le 0 ]]; then
+    echo "ERROR: invalid MPI_NP=${MPI_NP}"
+    exit 1
+  fi
+  if [[ -n "${AIRFLOW_MPI_NP:-}" ]]; then
+    require_count AIRFLOW_MPI_NP "$AIRFLOW_MPI_NP"
+    ((AIRFLOW_MPI_NP > 0)) || die "invalid AIRFLOW_MPI_NP=${AIRFLOW_MPI_NP}"
+    MPI_NP="$AIRFLOW_MPI_NP"
+  fi
+
+  # Hosts mpiexec will reach over ssh: every rank host but this pod.
+  local item
+  local -a items
+  RANK_HOSTS=()
+  IFS=',' read -r -a items <<<"$MPI_HOSTS"
+  for item in "${items[@]}"; do
+    item="${item%:*}"
+    [[ -z "$item" || "$item" == "$master_host" ]] || RANK_HOSTS+=("$item")
+  done
+}
+
+load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x of unset variables
+  local args_file="$CONFIG_DIR/mpiexec.args" i name
+  local -a raw
+  [[ -r "$args_file" ]] || die "missing $args_file: the job's ConfigMap is not mounted"
+  # The renderer writes MPI_ARGS_RENDERED=( 'arg' ... ), every argument single-quoted.
+  # shellcheck source=/dev/null
+  source "$args_file"
+  raw=("${MPI_ARGS_RENDERED[@]}")
+  MPI_ARGS=()
+  for ((i = 0; i < ${#raw[@]}; i++)); do
+    if [[ "${raw[i]}" == "-x" && $((i + 1)) -lt ${#raw[@]} && "${raw[i + 1]}" != *=* ]]; then
+      name="${raw[i + 1]}"
+      if [[ -z "${!name+x}" ]]; then
+        i=$((i + 1)) # unset here: mpiexec would only warn "could not find environment variable"
+        continue
+      fi
+    fi
+    MPI_ARGS+=("${raw[i]}")
+  done
+}
+
+# --- master: ssh checks ----------------------------------------------------------------------
+
+probe_host() { # host -> exit 0, or print the reason it is not usable and exit 1
+  local host="$1" port="${AIRFLOW_MPI_SSH_PORT:-22}" out
+  if out=$(ssh -F "$SSH_DIR/ssh_config" -o ConnectTimeout=3 "$host" true 2>&1 </dev/null); then
+    return 0
+  fi
+  case "$out" in
+    *"Could not resolve hostname"* | *"Name or service not known"* | *"Temporary failure in name resolution"*)
+      echo "not resolving: $host has no address (pod not running yet, or the headless Service is missing)" ;;
+    *"Connection refused"*)
+      echo "port closed: nothing listens on port $port (sshd not running in the pod; check 'ps aux | grep sshd' and 'ss -lntp | grep :$port')" ;;
+    *"Permission denied"*)
+      echo "key refused: sshd rejected the job key (authorized_keys or file modes; seed 002 FAQ 'Permission denied (publickey)')" ;;
+    *"Host key verification failed"* | *"REMOTE HOST IDENTIFICATION HAS CHANGED"* | *"key for"*"not known"*)
+      echo "host key mismatch: the host answering as $host is not this job's pod" ;;
+    *"timed out"* | *"No route to host"* | *"Network is unreachable"*)
+      echo "no answer: packets to $host port $port are dropped (network policy or routing)" ;;
+    *)
+      echo "ssh failed: $(printf '%s' "$out" | tail -n 1)" ;;
+  esac
+  return 1
+}
+
+probe_hosts() { # host... -> sets FAILED_HOSTS and FAILED_REASONS (parallel, in batches)
+  local tmp host i=0 pid
+  local -a batch=()
+  tmp=$(mktemp -d)
+  for host in "$@"; do
+    (probe_host "$host" >"$tmp/$i" || echo fail >"$tmp/$i.fail") &
+    batch+=("$!")
+    i=$((i + 1))
+    if ((${#batch[@]} >= PROBE_CONCURRENCY || i == $#)); then
+      for pid in "${batch[@]}"; do # only our probes: sshd runs in the background too
+        wait "$pid" || true
+      done
+      batch=()
+    fi
+  done
+  FAILED_HOSTS=()
+  FAILED_REASONS=()
+  i=0
+  for host in "$@"; do
+    if [[ -e "$tmp/$i.fail" ]]; then
+      FAILED_HOSTS+=("$host")
+      FAILED_REASONS+=("$(cat "$tmp/$i")")
+    fi
+    i=$((i + 1))
+  done
+  rm -rf "$tmp"
+}
+
+wait_for_hosts() { # host...: every host accepts an ssh login, or exit 1 with a line per host
+  local timeout="${AIRFLOW_MPI_STARTUP_TIMEOUT:-300}" i
+  local -a pending=("$@")
+  local deadline=$((SECONDS + timeout))
+  ((${#pending[@]})) || return 0
+  while :; do
+    probe_hosts "${pending[@]}"
+    ((${#FAILED_HOSTS[@]})) || return 0
+    pending=("${FAILED_HOSTS[@]}")
+    if ((SECONDS >= deadline)); then
+      echo "[airflow-mpi] ERROR: ${#pending[@]} host(s) did not accept ssh within ${timeout}s:" >&2
+      for i in "${!FAILED_HOSTS[@]}"; do
+        echo "[airflow-mpi]   ${FAILED_HOSTS[i]}: ${FAILED_REASONS[i]}" >&2
+      done
+      exit 1
+    fi
+    sleep 1
+  done
+}
+
+# --- master ----------------------------------------------------------------------------------
+
+run_master() {
+  local -a cmd
+  compute_hosts
+  load_mpiexec_args
+  cmd=(mpiexec --allow-run-as-root "${HOST_ARGS[@]}" -np "$MPI_NP" "${MPI_ARGS[@]}")
+
+  echo "MPI_HOST=${MPI_HOST:-}"
+  echo "MPI_HOSTS=${MPI_HOSTS}"
+  echo "MPI_NP=${MPI_NP}"
+  if [[ "${AIRFLOW_MPI_DRY_RUN:-0}" == 1 ]]; then
+    printf 'exec'
+    printf ' %q' "${cmd[@]}"
+    printf '\n'
+    return 0
+  fi
+
+  install_ssh
+  "$SSHD" -D -e -f "$SSH_DIR/sshd_config" 2>>"$RUNTIME_DIR/sshd.log" &
+  if ((${#RANK_HOSTS[@]})); then
+    log "waiting for sshd on ${#RANK_HOSTS[@]} host(s)"
+    wait_for_hosts "${RANK_HOSTS[@]}"
+  fi
+  exec "${cmd[@]}"
+}
+
+check_hosts() {
+  local i
+  compute_hosts
+  probe_hosts "${RANK_HOSTS[@]}"
+  for i in "${!FAILED_HOSTS[@]}"; do
+    echo "${FAILED_HOSTS[i]}: ${FAILED_REASONS[i]}"
+  done
+  ((${#FAILED_HOSTS[@]} == 0)) && echo "all ${#RANK_HOSTS[@]} host(s) accept ssh"
+  ((${#FAILED_HOSTS[@]} == 0))
+}
+
+# --- rank wrapper ----------------------------------------------------------------------------
+
+run_rank() {
+  local me="${HOSTNAME%%.*}" pod index=0 line
+  local -a pods pre
+  (($#)) || die "rank: no command given"
+  [[ -n "${OMPI_COMM_WORLD_RANK:-}" ]] || die "rank: not started by mpiexec (OMPI_COMM_WORLD_RANK is unset)"
+  export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE"
+  export LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"
+  NODE_RANK=0
+  IFS=',' read -r -a pods <<<"${AIRFLOW_MPI_RANK_PODS:-}"
+  for pod in "${pods[@]}"; do
+    if [[ "$pod" == "$me" ]]; then
+      NODE_RANK=$index
+      break
+    fi
+    index=$((index + 1))
+  done
+  export NODE_RANK
+  # Python ranks load $CONFIG_DIR/sitecustomize.py: line-buffered output, so every line reaches
+  # the task log at once and whole (unbuffered output gets tagged mid-line by --tag-output).
+  export PYTHONPATH="$CONFIG_DIR${PYTHONPATH:+:$PYTHONPATH}"
+
+  if [[ -n "${AIRFLOW_MPI_ENV_FILE:-}" ]]; then # VAR=VALUE per line, taken literally
+    [[ -r "$AIRFLOW_MPI_ENV_FILE" ]] || die "rank: env file $AIRFLOW_MPI_ENV_FILE is not readable on $me"
+    while IFS= read -r line || [[ -n "$line" ]]; do
+      if [[ "$line" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
+        # shellcheck disable=SC2163 # exports NAME=VALUE from the line, no shell expansion
+        export "$line"
+      fi
+    done <"$AIRFLOW_MPI_ENV_FILE"
+  fi
+
+  # A Python rank that has imported mpi4py hangs in MPI_Finalize when it exits non-zero or
+  # raises; under "python -m mpi4py" it calls MPI_Abort and the whole job ends within seconds.
+  if [[ "${1##*/}" =~ ^python[0-9.]*$ ]]; then
+    local python="$1"
+    shift
+    pre=()
+    while (($#)); do
+      case "$1" in
+        -m | -c | -) break ;;
+        -W | -X) pre+=("$1" "${2:-}"); shift 2 ;;
+        -*) pre+=("$1"); shift ;;
+        *) break ;;
+      esac
+    done
+    if [[ "${1:-}" == -m && "${2:-}" == mpi4py ]] || ! "$python" -c 'import mpi4py' 2>/dev/null; then
+      exec "$python" "${pre[@]}" "$@"
+    fi
+    exec "$python" "${pre[@]}" -m mpi4py "$@"
+  fi
+  exec "$@"
+}
+
+main() {
+  case "${1:-}" in
+    rank)
+      shift
+      run_rank "$@"
+      ;;
+    check-hosts)
+      require_env GJ_TRAINING_POD_NAME GJ_TRAINING_VC_JOB_NAME GJ_TRAINING_MASTER_CPU_LIMIT \
+        GJ_TRAINING_MASTER_GPU_LIMIT GJ_TRAINING_MASTER_REPLICAS GJ_TRAINING_WORKER_CPU_LIMIT \
+        GJ_TRAINING_WORKER_GPU_LIMIT GJ_TRAINING_WORKER_REPLICAS
+      check_hosts
+      ;;
+    "")
+      require_env GJ_TRAINING_ROLE GJ_TRAINING_POD_NAME GJ_TRAINING_VC_JOB_NAME
+      case "$GJ_TRAINING_ROLE" in
+        worker) run_worker ;;
+        master)
+          require_env GJ_TRAINING_MASTER_CPU_LIMIT GJ_TRAINING_MASTER_GPU_LIMIT GJ_TRAINING_MASTER_REPLICAS \
+            GJ_TRAINING_WORKER_CPU_LIMIT GJ_TRAINING_WORKER_GPU_LIMIT GJ_TRAINING_WORKER_REPLICAS
+          run_master
+          ;;
+        *) die "GJ_TRAINING_ROLE=$GJ_TRAINING_ROLE is neither master nor worker" ;;
+      esac
+      ;;
+    *) die "unknown command '$1' (use: rank CMD..., check-hosts, or no argument)" ;;
+  esac
+}
+
+main "$@"

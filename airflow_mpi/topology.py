@@ -1,0 +1,183 @@
+"""Hosts, slots and the platform environment: seed 000's four host/NP cases, in Python.
+
+The launch script computes the same thing in bash from the environment rendered here; the tests
+run both and compare, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from airflow_mpi import contract
+from airflow_mpi.naming import build_host_name, build_pod_name
+from airflow_mpi.spec import MPIJobSpec, Role, parse_cpu
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """How many ranks each role runs, by seed 000's rules (names not yet known)."""
+
+    slots_from_cpu: bool
+    master_slots: int  # 0: the master runs no rank
+    worker_slots: int  # per worker; 0: workers run no rank
+    worker_replicas: int
+    np: int  # every slot
+    case_text: str
+
+    @property
+    def rank_nodes(self) -> int:
+        """How many pods hold ranks."""
+        return (1 if self.master_slots else 0) + (self.worker_replicas if self.worker_slots else 0)
+
+
+def build_slot_plan(spec: MPIJobSpec) -> SlotPlan:
+    """The seed's four cases, from the role resources alone."""
+    master, workers = spec.master, spec.workers
+    master_gpu, worker_gpu, worker_replicas = master.gpus, workers.gpus, max(workers.replicas, 0)
+    if master_gpu == 0 and worker_gpu == 0:
+        master_cpu = _whole_cores(master.cpu)
+        worker_cpu = _whole_cores(workers.cpu)
+        plan = SlotPlan(
+            True,
+            master_cpu,
+            worker_cpu,
+            worker_replicas,
+            master.replicas * master_cpu + worker_replicas * worker_cpu,
+            "no GPUs on either role: slots are the CPU cores of master and workers",
+        )
+    elif master_gpu > 0 and worker_gpu > 0:
+        plan = SlotPlan(
+            False,
+            master_gpu,
+            worker_gpu,
+            worker_replicas,
+            master.replicas * master_gpu + worker_replicas * worker_gpu,
+            "GPUs on both roles: slots are the GPUs of master and workers",
+        )
+    elif master_gpu == 0 and worker_gpu > 0:
+        plan = SlotPlan(
+            False,
+            0,
+            worker_gpu,
+            worker_replicas,
+            worker_replicas * worker_gpu,
+            "GPUs on workers only: the master runs no rank, slots are the workers' GPUs",
+        )
+    else:
+        plan = SlotPlan(
+            False,
+            master_gpu,
+            0,
+            worker_replicas,
+            master.replicas * master_gpu,
+            "GPUs on the master only: only the master runs ranks",
+        )
+    return plan
+
+
+def _whole_cores(cpu: object) -> int:
+    cores = parse_cpu(cpu)
+    return int(cores) if cores is not None and cores > 0 else 0
+
+
+@dataclass(frozen=True)
+class HostSlots:
+    host: str  # <pod>.<job>
+    pod: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Names and slots of one job: what mpiexec gets as hosts and -np."""
+
+    job_name: str
+    master_pod: str
+    worker_pods: tuple[str, ...]
+    rank_hosts: tuple[HostSlots, ...]  # in mpiexec order: master first (if it holds ranks)
+    np: int  # ranks mpiexec starts (``mpi.np`` or every slot)
+    slot_plan: SlotPlan
+
+    @property
+    def master_host(self) -> str:
+        return build_host_name(self.job_name, self.master_pod)
+
+    @property
+    def worker_hosts(self) -> tuple[str, ...]:
+        return tuple(build_host_name(self.job_name, pod) for pod in self.worker_pods)
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        return (self.master_pod, *self.worker_pods)
+
+    @property
+    def remote_hosts(self) -> tuple[str, ...]:
+        """Hosts mpiexec reaches over ssh (every rank host but the master's own pod)."""
+        return tuple(h.host for h in self.rank_hosts if h.pod != self.master_pod)
+
+    @property
+    def rank0_host(self) -> str:
+        """Where rank 0 runs: MASTER_ADDR for torch.distributed (not the master if it has no rank)."""
+        return self.rank_hosts[0].host if self.rank_hosts else self.master_host
+
+
+def build_topology(spec: MPIJobSpec, job_name: str) -> Topology:
+    slot_plan = build_slot_plan(spec)
+    master_pod = build_pod_name(job_name, Role.MASTER, 0)
+    worker_pods = tuple(build_pod_name(job_name, Role.WORKER, i) for i in range(max(spec.workers.replicas, 0)))
+    rank_hosts: list[HostSlots] = []
+    if slot_plan.master_slots:
+        rank_hosts.append(HostSlots(build_host_name(job_name, master_pod), master_pod, slot_plan.master_slots))
+    if slot_plan.worker_slots:
+        rank_hosts += [HostSlots(build_host_name(job_name, p), p, slot_plan.worker_slots) for p in worker_pods]
+    np = spec.mpi.np if spec.mpi.np is not None else slot_plan.np
+    return Topology(job_name, master_pod, worker_pods, tuple(rank_hosts), np, slot_plan)
+
+
+def render_mpi_host(topology: Topology) -> str:
+    """``MPI_HOST`` as the platform writes it: every worker host, comma-separated."""
+    return ",".join(topology.worker_hosts)
+
+
+def render_mpi_hosts(topology: Topology) -> str:
+    """``MPI_HOSTS`` as the seed's script computes it: ``host:slots`` items, comma-separated."""
+    return ",".join(f"{h.host}:{h.slots}" for h in topology.rank_hosts)
+
+
+def render_hostfile(topology: Topology) -> str:
+    """``/etc/mpi/hostfile`` (seed 002): one ``<host> slots=N`` line per host that runs ranks."""
+    return "".join(f"{h.host} slots={h.slots}\n" for h in topology.rank_hosts)
+
+
+def render_cpu_env(cpu: object) -> str:
+    cores = parse_cpu(cpu)
+    if cores is None:
+        return str(cpu)
+    return str(int(cores)) if cores == cores.to_integral_value() else format(cores.normalize(), "f")
+
+
+def build_platform_env(spec: MPIJobSpec, topology: Topology, role: Role, pod_name: str) -> dict[str, str]:
+    """The variables the platform writes into every pod (seed 000), plus the launch script's own."""
+    env = {
+        contract.ENV_ROLE: role.value,
+        contract.ENV_JOB_NAME: topology.job_name,
+        contract.ENV_POD_NAME: pod_name,
+        contract.ENV_MASTER_CPU: render_cpu_env(spec.master.cpu),
+        contract.ENV_MASTER_GPU: str(spec.master.gpus),
+        contract.ENV_MASTER_REPLICAS: str(spec.master.replicas),
+        contract.ENV_WORKER_CPU: render_cpu_env(spec.workers.cpu),
+        contract.ENV_WORKER_GPU: str(spec.workers.gpus),
+        contract.ENV_WORKER_REPLICAS: str(spec.workers.replicas),
+        contract.ENV_MPI_HOST: render_mpi_host(topology),
+        contract.ENV_HOSTS_MODE: spec.hosts_mode.value,
+        contract.ENV_SSH_PORT: str(spec.ssh_port),
+        contract.ENV_STARTUP_TIMEOUT: str(spec.startup_timeout),
+    }
+    if spec.mpi.np is not None:
+        env[contract.ENV_NP_OVERRIDE] = str(spec.mpi.np)
+    return env
+
+
+def build_pod_env(spec: MPIJobSpec, topology: Topology, role: Role, pod_name: str) -> dict[str, str]:
+    """Platform env first, then the user's (which may not override it: validated in spec)."""
+    return {**build_platform_env(spec, topology, role, pod_name), **spec.env}

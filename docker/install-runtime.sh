@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Installs what an airflow-mpi pod needs: sshd, Open MPI, the pod contract's directories and,
+# with --python, the Python training stack. The Dockerfile runs it to build the image; .ci/run
+# and `make` run it on the host (the local backend's pods run on the host's files), so the image
+# recipe is exercised on every CI run.
+#
+#   install-runtime.sh --system            apt packages + directories (root, Debian/Ubuntu)
+#   install-runtime.sh --python PY [-c C]  the runtime Python packages into interpreter PY
+#   install-runtime.sh --image             --system plus the image-only sshd_config drop-in
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+APT_PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev iproute2 util-linux procps
+  bash ca-certificates g++ ninja-build)
+
+install_system() {
+  local missing=() pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    echo "install-runtime: apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # --no-install-recommends: no sshd service autostart helpers, no docs
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # seed 002 FAQ: sshd needs its privilege separation directory.
+  mkdir -p /run/sshd /etc/mpi /etc/airflow-mpi/ssh /run/airflow-mpi
+  chmod 0755 /run/sshd /etc/mpi /etc/airflow-mpi /etc/airflow-mpi/ssh
+}
+
+install_image_config() {
+  # Key-only root login for anyone who starts the image's sshd by hand; the launch script
+  # always runs sshd with the job's own generated config.
+  mkdir -p /etc/ssh/sshd_config.d
+  cat >/etc/ssh/sshd_config.d/airflow-mpi.conf <<'CONF'
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+CONF
+  install -m 0755 "$here/../airflow_mpi/scripts/launch.sh" /usr/local/bin/airflow-mpi-launch
+}
+
+install_python() {
+  local python="$1" constraints="${2:-}"
+  local args=(-r "$here/requirements-runtime.txt")
+  [[ -n "$constraints" ]] && args+=(-c "$constraints")
+  [[ -d /opt/wheels ]] && args+=(--find-links /opt/wheels) # a local CPU torch wheel, where present
+  if "$python" -m uv --version >/dev/null 2>&1; then
+    "$python" -m uv pip install -q --python "$python" "${args[@]}"
+  else
+    "$python" -m pip install -q --no-cache-dir "${args[@]}"
+  fi
+}
+
+python=""
+constraints=""
+system=0
+image=0
+while (($#)); do
+  case "$1" in
+    --system) system=1 ;;
+    --image) system=1 image=1 ;;
+    --python) python="$2"; shift ;;
+    -c) constraints="$2"; shift ;;
+    *) echo "usage: $0 [--system|--image] [--python PY [-c constraints.txt]]" >&2; exit 2 ;;
+  esac
+  shift
+done
+((system)) && install_system
+((image)) && install_image_config
+[[ -n "$python" ]] && install_python "$python" "$constraints"
+exit 0

@@ -1,0 +1,50 @@
+"""`airflow-mpi render|validate`: no cluster needed, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_mpi.cli import main
+
+SPEC = """
+name: digits
+image: registry.example/train:1
+command: [python, /app/train.py]
+workers: {replicas: 2, cpu: 2}
+"""
+
+
+def test_render_prints_a_yaml_stream_without_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC)
+    assert main(["render", str(tmp_path / "job.yaml"), "--run-id", "r1", "--namespace", "ml"]) == 0
+    out = capsys.readouterr().out
+    objects = list(yaml.safe_load_all(out))
+    assert [o["kind"] for o in objects] == ["Service", "Secret", "ConfigMap", "Pod", "Pod", "Pod"]
+    assert all(o["metadata"]["namespace"] == "ml" for o in objects)
+    assert "PRIVATE KEY" not in out
+    assert out.splitlines()[1].startswith("#   mpiexec --allow-run-as-root --host ")
+
+
+def test_render_is_deterministic_for_a_run_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC)
+    names = []
+    for run_id in ("r1", "r1", "r2"):
+        main(["render", str(tmp_path / "job.yaml"), "--run-id", run_id])
+        names.append(next(yaml.safe_load_all(capsys.readouterr().out))["metadata"]["name"])
+    assert names[0] == names[1] != names[2]
+
+
+def test_bad_spec_exits_2_naming_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.yaml").write_text("name: Bad\ncommand: [deepspeed, t.py]\nmaster: {replicas: 2}\n")
+    assert main(["validate", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "3 problems" in err and "master.replicas" in err and "command" in err and "name" in err
+
+
+def test_validate_prints_hosts_and_np(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC)
+    assert main(["validate", str(tmp_path / "job.yaml")]) == 0
+    assert "MPI_NP=5 on 3 pod(s)" in capsys.readouterr().out

@@ -1,0 +1,87 @@
+"""Master output tracking: failed rank and code, results, bounded memory, rank placement."""
+
+from __future__ import annotations
+
+from airflow_mpi.logstream import OutputTracker, build_log_records, build_rank_pods
+from airflow_mpi.naming import build_job_name
+from airflow_mpi.topology import build_topology
+from tests.helpers import IDENTITY, spec_from
+
+ABORT_NONZERO = """\
+[1,1]<stdout>:rank 1 up
+[1,1]<stderr>:Traceback (most recent call last):
+[1,1]<stderr>:ValueError: bad batch
+--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+mpiexec detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[36914,1],1]
+  Exit code:    3
+--------------------------------------------------------------------------""".splitlines()
+
+SIGNALED = [
+    "[1,2]<stdout>:working",
+    "mpiexec noticed that process rank 2 with PID 0 on node job-worker-1 exited on signal 9 (Killed).",
+]
+
+
+def test_failed_rank_and_code_from_mpiexec() -> None:
+    tracker = OutputTracker()
+    tracker.feed(ABORT_NONZERO)
+    assert (tracker.failed_rank, tracker.failed_exit_code) == (1, 3)
+    assert tracker.rank_tail(1) == ["rank 1 up", "Traceback (most recent call last):", "ValueError: bad batch"]
+
+
+def test_signaled_rank() -> None:
+    tracker = OutputTracker()
+    tracker.feed(SIGNALED)
+    assert (tracker.failed_rank, tracker.failed_signal, tracker.failed_node) == (2, 9, "job-worker-1")
+
+
+def test_timeout_is_recognized() -> None:
+    tracker = OutputTracker()
+    tracker.feed(["The user-provided time limit for job execution has been reached:"])
+    assert tracker.timed_out
+
+
+def test_result_from_lowest_rank_and_bad_json_reported() -> None:
+    tracker = OutputTracker()
+    tracker.feed(
+        [
+            '[1,1]<stdout>:AIRFLOW_MPI_RESULT {"acc": 0.5}',
+            '[1,0]<stdout>:AIRFLOW_MPI_RESULT {"acc": 0.9}',
+            "[1,2]<stdout>:AIRFLOW_MPI_RESULT {not json",
+        ]
+    )
+    assert tracker.result == {"acc": 0.9}
+    assert tracker.result_errors and "rank 2" in tracker.result_errors[0]
+
+
+def test_memory_stays_bounded() -> None:
+    tracker = OutputTracker(tail_lines=10, rank_tail_lines=5)
+    tracker.feed(f"[1,{i % 4}]<stdout>:line {i}" for i in range(100_000))
+    assert tracker.lines_seen == 100_000
+    assert len(tracker.tail) == 10 and all(len(tracker.rank_tail(r)) == 5 for r in range(4))
+
+
+def test_log_records_coalesce_batches() -> None:
+    lines = [f"l{i}" for i in range(12_001)]
+    records = list(build_log_records(lines, max_lines=5000))
+    assert [r.count("\n") + 1 for r in records] == [5000, 5000, 2001]
+    assert "\n".join(records) == "\n".join(lines)
+
+
+def test_rank_placement_by_slot_node_and_npernode() -> None:
+    job = build_job_name("job", IDENTITY)
+    spec = spec_from(master={"cpu": 2}, workers={"replicas": 2, "cpu": 2})
+    topology = build_topology(spec, job)
+    m, w0, w1 = topology.pods
+    assert build_rank_pods(spec, topology) == [m, m, w0, w0, w1, w1]
+    spec = spec_from(master={"cpu": 2}, workers={"replicas": 2, "cpu": 2}, mpi={"map_by": "node"})
+    assert build_rank_pods(spec, build_topology(spec, job)) == [m, w0, w1, m, w0, w1]
+    spec = spec_from(master={"cpu": 2}, workers={"replicas": 2, "cpu": 2}, mpi={"npernode": 1, "np": 3})
+    assert build_rank_pods(spec, build_topology(spec, job)) == [m, w0, w1]

@@ -1,0 +1,124 @@
+"""The mpiexec command line: golden defaults, and every typed option of seed 002."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_mpi.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
+from airflow_mpi.naming import build_job_name
+from airflow_mpi.topology import build_topology
+from tests.helpers import IDENTITY, spec_from
+
+J = build_job_name("job", IDENTITY)
+
+
+def argv_for(**fields: Any) -> list[str]:
+    spec = spec_from(**fields)
+    return build_mpiexec_argv(spec, build_topology(spec, J))
+
+
+def test_default_argv_golden() -> None:
+    assert argv_for(workers={"replicas": 2}) == [
+        "mpiexec", "--allow-run-as-root",
+        "--host", f"{J}-master-0.{J}:1,{J}-worker-0.{J}:1,{J}-worker-1.{J}:1",
+        "-np", "3",
+        "--map-by", "slot", "--bind-to", "none",
+        "--mca", "orte_abort_on_non_zero_status", "1",
+        "--mca", "orte_keep_fqdn_hostnames", "1",
+        "--mca", "plm_rsh_args", "-F /run/airflow-mpi/ssh/ssh_config",
+        "--mca", "plm_rsh_no_tree_spawn", "1",
+        "--timeout", "86400", "--report-state-on-timeout",
+        "--tag-output",
+        "-x", "PATH", "-x", "LD_LIBRARY_PATH",
+        "-x", f"MASTER_ADDR={J}-master-0.{J}", "-x", "MASTER_PORT=29500",
+        "-x", f"AIRFLOW_MPI_RANK_PODS={J}-master-0,{J}-worker-0,{J}-worker-1",
+        "bash", "/etc/mpi/launch.sh", "rank", "python", "/app/train.py",
+    ]  # fmt: skip
+
+
+def test_hostfile_mode_uses_hostfile_never_host() -> None:
+    argv = argv_for(workers={"replicas": 1}, hosts_mode="hostfile")
+    assert argv[2:4] == ["--hostfile", "/etc/mpi/hostfile"]
+    assert "--host" not in argv
+
+
+def pairs(argv: list[str]) -> set[tuple[str, ...]]:
+    out: set[tuple[str, ...]] = set()
+    for i, arg in enumerate(argv):
+        out.add((arg,))
+        if i + 1 < len(argv):
+            out.add((arg, argv[i + 1]))
+        if arg == "--mca" and i + 2 < len(argv):
+            out.add((arg, argv[i + 1], argv[i + 2]))
+    return out
+
+
+OPTIONS: list[tuple[dict[str, Any], tuple[str, ...]]] = [
+    ({"npernode": 1}, ("--npernode", "1")),
+    ({"oversubscribe": True}, ("--oversubscribe",)),
+    ({"pml": "ob1"}, ("--mca", "pml", "ob1")),
+    ({"btl": "^openib"}, ("--mca", "btl", "^openib")),
+    ({"btl": "tcp,self"}, ("--mca", "btl", "tcp,self")),
+    ({"btl_tcp_if_include": "eth0"}, ("--mca", "btl_tcp_if_include", "eth0")),
+    ({"btl_tcp_if_exclude": "lo,docker0"}, ("--mca", "btl_tcp_if_exclude", "lo,docker0")),
+    ({"oob_tcp_if_include": "eth0"}, ("--mca", "oob_tcp_if_include", "eth0")),
+    ({"oob_tcp_if_exclude": "lo"}, ("--mca", "oob_tcp_if_exclude", "lo")),
+    ({"bind_to": "core"}, ("--bind-to", "core")),
+    ({"map_by": "node"}, ("--map-by", "node")),
+    ({"report_bindings": True}, ("--report-bindings",)),
+    ({"export_env": ["NCCL_DEBUG=INFO"]}, ("-x", "NCCL_DEBUG=INFO")),
+    ({"env_file": "/app/env"}, ("-x", "AIRFLOW_MPI_ENV_FILE=/app/env")),
+    ({"verbose": True}, ("-v",)),
+    ({"debug": True}, ("--debug-daemons",)),
+    ({"help_aggregate": False}, ("--mca", "orte_base_help_aggregate", "0")),
+    ({"display_map": True}, ("--display-map",)),
+    ({"no_tree_spawn": True}, ("--mca", "plm_rsh_no_tree_spawn", "1")),
+    ({"leave_session_attached": True}, ("--leave-session-attached",)),
+    ({"quiet": True}, ("-q",)),
+    ({"tag_output": True}, ("--tag-output",)),
+    ({"wdir": "/app"}, ("-wdir", "/app")),
+    ({"mca": {"btl_tcp_eager_limit": "65536"}}, ("--mca", "btl_tcp_eager_limit", "65536")),
+    ({"extra_args": ["--merge-stderr-to-stdout"]}, ("--merge-stderr-to-stdout",)),
+    ({"master_port": 23456}, ("-x", "MASTER_PORT=23456")),
+]
+
+
+@pytest.mark.parametrize(("mpi", "expected"), OPTIONS, ids=[str(o[0]) for o in OPTIONS])
+def test_typed_option_renders(mpi: dict[str, Any], expected: tuple[str, ...]) -> None:
+    argv = argv_for(mpi=mpi, workers={"replicas": 1})
+    assert expected in pairs(argv)
+    assert argv[-3:] == ["rank", "python", "/app/train.py"]  # options never follow the command
+
+
+@pytest.mark.parametrize(
+    ("mpi", "absent"),
+    [
+        ({"tag_output": False}, "--tag-output"),
+        ({"no_tree_spawn": False}, "plm_rsh_no_tree_spawn"),
+        ({}, "--oversubscribe"),
+        ({}, "--debug"),
+    ],
+)
+def test_disabled_options_are_absent(mpi: dict[str, Any], absent: str) -> None:
+    assert absent not in argv_for(mpi=mpi)
+
+
+def test_job_timeout_is_mpiexec_timeout_and_abort_is_always_on() -> None:
+    argv = argv_for(timeout=3600)
+    assert ("--timeout", "3600") in pairs(argv)
+    assert ("--mca", "orte_abort_on_non_zero_status", "1") in pairs(argv)
+
+
+def test_user_env_is_exported_to_ranks() -> None:
+    argv = argv_for(env={"NCCL_DEBUG": "WARN", "PATH_EXTRA": "/x"}, mpi={"export_env": ["PATH", "NCCL_DEBUG=INFO"]})
+    exports = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert exports[:3] == ["PATH", "NCCL_DEBUG=INFO", "PATH_EXTRA"]  # NCCL_DEBUG not exported twice
+
+
+def test_args_file_is_a_quoted_bash_array() -> None:
+    spec = spec_from(command=["python", "-c", "print('a b')\nprint(\"$HOME\")"])
+    text = render_args_file(build_mpiexec_tail(spec, build_topology(spec, J)))
+    assert text.startswith("MPI_ARGS_RENDERED=(\n") and text.endswith(")\n")
+    assert "'\"'\"'" in text  # single quotes inside single-quoted words

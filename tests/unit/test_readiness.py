@@ -1,0 +1,23 @@
+"""Readiness probes explained in the seed FAQ's words."""
+
+from __future__ import annotations
+
+from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result, summarize_not_ready
+
+
+def test_success() -> None:
+    assert classify_ssh_result("w", 0, "").ok
+
+
+def test_summary_has_a_line_per_failing_host() -> None:
+    probes = [
+        HostProbe("w-0.job", HostProblem.OK),
+        classify_ssh_result("w-1.job", 255, "ssh: connect to host w-1.job port 22: Connection refused\n"),
+        classify_ssh_result("w-2.job", 255, "root@w-2.job: Permission denied (publickey).\n"),
+    ]
+    text = summarize_not_ready(probes, 30.2, port=22)
+    lines = text.splitlines()
+    assert lines[0] == "2 of 3 worker host(s) did not accept ssh within 30s:"
+    assert lines[1].startswith("  w-1.job: port closed: nothing listens on port 22")
+    assert "mpirun prints nothing or hangs" in lines[1]
+    assert lines[2].startswith("  w-2.job: key refused") and "Permission denied (publickey)" in lines[2]
