@@ -85,9 +85,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from airflow_mpi.backends.local import check_prerequisites
+    from airflow_mpi.backends.local import LocalBackend, check_prerequisites
 
     problems = check_prerequisites()
+    if args.clean and not problems:
+        for item in LocalBackend(state_dir=args.state_dir).sweep_orphans():
+            print(f"removed: {item}")
     for problem in problems:
         print(f"missing: {problem}")
     if not problems:
@@ -123,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     doctor = commands.add_parser("doctor", help="check this machine for the local backend")
+    doctor.add_argument("--clean", action="store_true", help="also remove local jobs left by dead owners")
+    doctor.add_argument("--state-dir", default=None, help="local backend state directory")
     doctor.set_defaults(func=cmd_doctor)
     return parser
 

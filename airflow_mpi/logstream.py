@@ -21,6 +21,8 @@ TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>:(.*)$", re.DOTALL)
 FAILED_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
 SIGNALED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator")
+ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d+)")
 TIMEOUT_MARKS = ("The user-provided time limit for job execution has been reached", "MPIEXEC_TIMEOUT")
 MAX_RECORD_LINES = 5000
 
@@ -79,7 +81,12 @@ class OutputTracker:
             self.failed_rank = int(failed.group(1))
             self._expect_exit_code = True
             return
-        code = EXIT_CODE.match(line)
+        aborted = ABORTED.search(line)
+        if aborted and self.failed_rank is None:
+            self.failed_rank = int(aborted.group(1))
+            self._expect_exit_code = True
+            return
+        code = EXIT_CODE.match(line) or ABORT_CODE.match(line)
         if code and self._expect_exit_code:
             self.failed_exit_code = int(code.group(1))
             self._expect_exit_code = False

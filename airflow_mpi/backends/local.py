@@ -261,8 +261,12 @@ class LocalBackend:
                 owner_pid=os.getpid(),
                 owner_start=_start_ticks(os.getpid()) or 0,
             )
-            job.dir.mkdir(mode=0o700)
-            self._save(job)
+            # The directory appears with its record in it, or not at all (rename is atomic).
+            staging = job.dir.with_name(f".{job.name}.new")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(mode=0o700)
+            (staging / "job.json").write_text(json.dumps(job.record(), indent=1))
+            staging.rename(job.dir)
         self._jobs[job.name] = job
         return job
 
@@ -484,15 +488,26 @@ class LocalBackend:
         for pod in job.pods.values():
             proc = job.procs.get(pod.name)
             if proc is not None:
-                _kill_group(proc.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
+                _stop_pod(proc.pid)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc.pid)
                     proc.wait(timeout=10)
                 if proc.stdout is not None:
                     proc.stdout.close()
             elif pod.pid is not None and _start_ticks(pod.pid) == pod.pid_start:
-                _kill_group(pod.pid)
+                _stop_pod(pod.pid)
                 _wait_gone(pod.pid, pod.pid_start, timeout=10)
-        commands = [f"netns del {pod.netns}" for pod in job.pods.values() if _netns_exists(pod.netns)]
+                if _start_ticks(pod.pid) == pod.pid_start:
+                    _kill_group(pod.pid)
+        # Anything still inside the job's network namespaces: e.g. a pod whose owner was killed
+        # while it was starting, before its parent-death signal was armed.
+        _kill_all(_pids_in_netns([pod.netns for pod in job.pods.values()]))
+        # Delete the veths ourselves: once a namespace is gone the kernel frees its veth pair
+        # asynchronously, and the host side would linger for a moment.
+        commands = [f"link del {pod.veth}" for pod in job.pods.values() if _link_exists(pod.veth)]
+        commands += [f"netns del {pod.netns}" for pod in job.pods.values() if _netns_exists(pod.netns)]
         if _link_exists(job.bridge):
             commands.append(f"link del {job.bridge}")
         if commands:
@@ -509,11 +524,16 @@ class LocalBackend:
             found.append(f"state directory {self.state_dir / job_name}")
         if job is not None:
             found += [f"network namespace {p.netns}" for p in job.pods.values() if _netns_exists(p.netns)]
-            found += [f"bridge {job.bridge}"] if _link_exists(job.bridge) else []
+            found += [
+                f"link {name}" for name in (job.bridge, *(p.veth for p in job.pods.values())) if _link_exists(name)
+            ]
             found += [
                 f"process {p.pid} of pod {p.name}"
                 for p in job.pods.values()
                 if p.pid is not None and _start_ticks(p.pid) == p.pid_start
+            ]
+            found += [
+                f"process {pid} in the job's network" for pid in _pids_in_netns([p.netns for p in job.pods.values()])
             ]
         prefix = f"{NETNS_PREFIX}{job_name}-"
         found += [f"network namespace {ns}" for ns in _netns_list() if ns.startswith(prefix) and ns not in str(found)]
@@ -530,6 +550,29 @@ class LocalBackend:
                 self._remove(job)
                 swept.append(job.name)
         return swept
+
+    def sweep_orphans(self) -> list[str]:
+        """Remove namespaces, links and hosts files of ours that no record here describes and no
+        process uses (e.g. after the state directory was deleted by hand). Only for an explicit
+        clean-up (``airflow-mpi doctor --clean``): another state directory's job that is being
+        created right now would look the same."""
+        self.sweep()
+        known = {p.netns for job in self._records() for p in job.pods.values()}
+        known_links = {n for job in self._records() for n in (job.bridge, *(p.veth for p in job.pods.values()))}
+        removed = []
+        for name in _netns_list():
+            if name.startswith(NETNS_PREFIX) and name not in known and not _pids_in_netns([name]):
+                _ip(["netns", "del", name], "", check=False)
+                removed.append(f"network namespace {name}")
+        for link in sorted(os.listdir("/sys/class/net")):
+            if link.startswith((BRIDGE_PREFIX, VETH_PREFIX)) and link not in known_links:
+                _ip(["link", "del", link], "", check=False)
+                removed.append(f"link {link}")
+        for hosts in NETNS_HOSTS_DIR.glob(f"{NETNS_PREFIX}*"):
+            if hosts.name not in known:
+                shutil.rmtree(hosts, ignore_errors=True)
+                removed.append(f"hosts directory {hosts}")
+        return removed
 
     # --- records --------------------------------------------------------------------------
 
@@ -623,6 +666,51 @@ def _start_ticks(pid: int) -> int | None:
     if fields[0] == "Z":
         return None
     return int(fields[19])
+
+
+def _pids_in_netns(names: list[str]) -> list[int]:
+    """Processes whose network namespace is one of ``names`` (what ``ip netns pids`` does)."""
+    inodes = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"/run/netns/{name}").st_ino)
+    if not inodes:
+        return []
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry.name}/ns/net").st_ino in inodes:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _kill_all(pids: list[int], timeout: float = 5) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(_start_ticks(pid) is not None for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _stop_pod(unshare_pid: int) -> None:
+    """Kill the pod's first process (its PID namespace's init): the kernel then kills and reaps
+    everything in the pod, and ``unshare`` exits by itself, so nothing is left as a zombie."""
+    children = _children(unshare_pid)
+    if not children:
+        _kill_group(unshare_pid)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
 
 
 def _kill_group(pid: int) -> None:

@@ -42,6 +42,19 @@ def test_signaled_rank() -> None:
     assert (tracker.failed_rank, tracker.failed_signal, tracker.failed_node) == (2, 9, "job-worker-1")
 
 
+def test_mpi_abort_rank_and_code() -> None:
+    tracker = OutputTracker()
+    tracker.feed(
+        [
+            "[1,1]<stderr>:ValueError: bad batch",
+            "--------------------------------------------------------------------------",
+            "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD",
+            "with errorcode 1.",
+        ]
+    )
+    assert (tracker.failed_rank, tracker.failed_exit_code) == (1, 1)
+
+
 def test_timeout_is_recognized() -> None:
     tracker = OutputTracker()
     tracker.feed(["The user-provided time limit for job execution has been reached:"])
