@@ -53,8 +53,8 @@ format: $(STAMP) ## apply ruff's fixes and formatting
 unit: $(STAMP) ## the pure core's tests only (seconds)
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
-test: setup lint ## everything: lint, unit, integration (real sshd + Open MPI), Kubernetes double, DAG
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+test: setup lint ## everything: lint, unit, integration (real sshd + Open MPI), DAGs under Airflow
+	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: setup ## benchmarks: print figures (not timed tests)
 	$(PY) bench/launch_overhead.py

@@ -1,17 +1,43 @@
 """Session setup shared by every test directory.
 
-Airflow reads its configuration at import time, so its home is set here, before any test module
-imports it: a fresh SQLite database per session, migrated once (see tests/dags/conftest.py).
+Airflow reads its configuration at import time, so its home is prepared here, before any test
+module imports it: a fresh home per session whose DAGs folder holds the example DAG (with its
+training script) and the test DAGs, and an ``mpi_default`` connection pointing the local backend
+at a state directory of the tests' own.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-_HOME = Path(tempfile.mkdtemp(prefix="airflow-mpi-tests-home-"))
-os.environ.setdefault("AIRFLOW_HOME", str(_HOME))
-os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent.parent / "dags"))
-os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+REPO = Path(__file__).resolve().parent.parent
+# Not under /tmp: every local pod has a private /tmp, and the example's script must be visible.
+SHARED = Path("/var/tmp/airflow-mpi-tests")
+SHARED.mkdir(parents=True, exist_ok=True)
+HOME = Path(tempfile.mkdtemp(prefix="home-", dir=SHARED))
+STATE_DIR = Path("/run/airflow-mpi-tests") / f"dags-{os.getpid()}"
+DEMO_DATA = SHARED / f"demo-{os.getpid()}"
+
+shutil.copytree(REPO / "dags", HOME / "dags", ignore=shutil.ignore_patterns("__pycache__"))
+for dag_file in (REPO / "tests" / "dags" / "dagfiles").glob("*.py"):
+    shutil.copy(dag_file, HOME / "dags" / dag_file.name)
+
+os.environ["AIRFLOW_HOME"] = str(HOME)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(HOME / "dags")
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+os.environ["MPI_DEMO_DATA"] = str(DEMO_DATA)
+os.environ["AIRFLOW_CONN_MPI_DEFAULT"] = json.dumps(
+    {"conn_type": "mpi", "extra": {"backend": "local", "state_dir": str(STATE_DIR)}}
+)
+
+
+def pytest_sessionfinish() -> None:
+    shutil.rmtree(HOME, ignore_errors=True)
+    shutil.rmtree(DEMO_DATA, ignore_errors=True)
+    if STATE_DIR.exists() and not [p for p in STATE_DIR.iterdir() if p.name != ".lock"]:
+        shutil.rmtree(STATE_DIR, ignore_errors=True)

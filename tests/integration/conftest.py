@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from airflow_mpi.backends.local import LocalBackend, check_prerequisites
+from tests.leaks import ours
 
 STATE_ROOT = Path("/run/airflow-mpi-tests")
 SHARED_ROOT = Path("/var/tmp/airflow-mpi-tests")  # not /tmp: every pod has a private /tmp
@@ -28,26 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "integration" in str(item.fspath) or "dags" in str(item.fspath):
             item.add_marker(skip)
-
-
-def ours() -> list[str]:
-    """Everything of ours that could leak, as readable strings."""
-    found = []
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith("ampl-")]
-    links = Path("/sys/class/net")
-    found += [f"link {p.name}" for p in links.iterdir() if p.name.startswith(("ampb", "ampv"))]
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            comm = (proc / "comm").read_text().strip()
-        except OSError:
-            continue
-        if comm in ("orted", "mpiexec", "mpirun", "prted") or (comm == "sshd" and "/run/airflow-mpi" in cmdline):
-            found.append(f"process {proc.name} {cmdline[:120]}")
-    return found
 
 
 @pytest.fixture(scope="session")

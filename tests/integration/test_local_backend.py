@@ -299,7 +299,9 @@ def test_crashed_owner_is_swept_by_the_next_job(backend: LocalBackend, state_roo
         "print(plan.job_name, flush=True)\n"
         "time.sleep(300)\n"
     )
-    owner = subprocess.Popen([PY, "-c", script, str(state_root), f"crash-{time.time_ns()}"], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [PY, "-c", script, str(state_root), f"crash-{time.time_ns()}"], stdout=subprocess.PIPE, text=True
+    )
     assert owner.stdout is not None
     job_name = owner.stdout.readline().strip()
     assert backend.leftovers(job_name), "the crashed job should exist before the sweep"
@@ -315,7 +317,17 @@ def test_cli_run_exits_with_the_jobs_code(state_root: Path, shared_dir: Path) ->
         json.dumps({"name": "cli", "command": [PY, "-c", "import sys; sys.exit(7)"], "workers": {"replicas": 1}})
     )
     done = subprocess.run(
-        [PY, "-m", "airflow_mpi.cli", "run", str(spec), "--run-id", f"cli-{time.time_ns()}", "--state-dir", str(state_root)],
+        [
+            PY,
+            "-m",
+            "airflow_mpi.cli",
+            "run",
+            str(spec),
+            "--run-id",
+            f"cli-{time.time_ns()}",
+            "--state-dir",
+            str(state_root),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

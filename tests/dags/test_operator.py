@@ -1,0 +1,112 @@
+"""MPIJobOperator and SshdReadySensor under real Airflow (dag.test()), on the local backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_mpi.exceptions import SpecError
+from tests.dags.conftest import task_states, xcom
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def test_failing_rank_fails_the_task_naming_rank_pod_and_code(dagbag: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    dag_run = dagbag.get_dag("mpi_test_fail").test()
+    assert task_states(dag_run) == {"train": "failed"}
+    out = capfd.readouterr().out
+    assert re.search(r"rank 1 on pod failing-[0-9a-f]{8}-worker-0 exited with code 3", out), out[-3000:]
+    assert "[1,1]<stdout>:rank 1 up" in out  # rank output was streamed into the task log
+
+
+def test_templated_job_and_xcom_result(dagbag: Any) -> None:
+    dag_run = dagbag.get_dag("mpi_test_templated").test(run_conf={"workers": 2, "word": "bonjour"})
+    assert task_states(dag_run) == {"train": "success"}
+    result = xcom(dag_run, "train")
+    assert result["result"] == {"word": "bonjour", "size": 3}
+    assert result["np"] == 3 and result["exit_code"] == 0
+    assert set(result["durations_s"]) == {"create", "sshd_ready", "mpiexec", "total"}
+    assert "PRIVATE" not in repr(result)  # keys never reach XCom
+
+
+def test_sensor_times_out_with_a_reason_per_host(
+    dagbag: Any, capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from airflow_mpi.hooks.mpi import MPIJobHook
+    from airflow_mpi.naming import RunIdentity
+    from airflow_mpi.plan import render_plan
+    from airflow_mpi.spec import MPIJobSpec
+
+    fake = Path("/var/tmp/airflow-mpi-tests") / f"fake-sshd-{time.time_ns()}"
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    fake.write_text("#!/bin/bash\nexec sleep 300\n")
+    fake.chmod(0o755)
+    backend = MPIJobHook().get_backend()
+    plan = render_plan(
+        MPIJobSpec.from_dict({"name": "sensed", "command": ["true"], "workers": {"replicas": 2}}),
+        RunIdentity("t", "t", f"sensor-{time.time_ns()}"),
+    )
+    plan = dataclasses.replace(
+        plan,
+        pods=tuple(
+            dataclasses.replace(p, env={**p.env, "AIRFLOW_MPI_SSHD": str(fake)}) if p.role.value == "worker" else p
+            for p in plan.pods
+        ),
+    )
+    try:
+        backend.create(plan)
+        started = time.monotonic()
+        dag_run = dagbag.get_dag("mpi_test_sensor").test(run_conf={"job_name": plan.job_name})
+        elapsed = time.monotonic() - started
+    finally:
+        backend.teardown(plan.job_name)
+        fake.unlink()
+    assert task_states(dag_run) == {"wait_for_sshd": "failed"}
+    out = capfd.readouterr().out
+    for worker in plan.workers:
+        assert f"{worker.host}: port closed: nothing listens on port 22" in out
+    assert "2 of 2 worker host(s) did not accept ssh" in out
+    assert elapsed < 4 + 5 + 15  # startup timeout + 5 s, plus dag.test()'s own start-up
+
+
+def test_bad_spec_fails_at_dag_definition() -> None:
+    from airflow_mpi.operators.mpi import MPIJobOperator
+
+    with pytest.raises(SpecError) as caught:
+        MPIJobOperator(task_id="t", job={"name": "x", "command": ["deepspeed", "t.py"], "master": {"replicas": 2}})
+    assert set(caught.value.fields) == {"command", "master.replicas"}
+
+
+def test_operator_on_kill_removes_the_job() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from airflow_mpi.operators.mpi import MPIJobOperator
+
+    operator = MPIJobOperator(
+        task_id="train", job={"name": "killed", "command": ["sleep", "120"], "workers": {"replicas": 1}}
+    )
+    ti = SimpleNamespace(dag_id="d", task_id="train", run_id=f"kill-{time.time_ns()}", map_index=-1, try_number=1)
+    errors: list[BaseException] = []
+
+    def execute() -> None:
+        try:
+            operator.execute({"ti": ti})  # type: ignore[arg-type]
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=execute)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while (operator._runner is None or operator._runner.output.lines_seen < 3) and time.monotonic() < deadline:
+        time.sleep(0.05)  # MPI_HOST, MPI_HOSTS, MPI_NP printed: mpiexec is starting
+    operator.on_kill()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert operator._runner is not None
+    assert operator._runner.backend.leftovers(operator._runner.job_name) == []
