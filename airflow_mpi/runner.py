@@ -58,7 +58,7 @@ def wait_for_sshd(
 ) -> list[HostProbe]:
     """Until every worker accepts the job key; bounded by ``timeout`` with a reason per host."""
     start = clock()
-    delay = 0.05
+    delay = 0.02  # sshd starts in tens of milliseconds; image pulls take minutes: back off
     while True:
         report = check_sshd_once(backend, job_name)
         if report.failure is not None:
@@ -70,7 +70,7 @@ def wait_for_sshd(
             message = summarize_not_ready(report.probes, waited, port)
             raise SshdNotReady(message, [p.describe(port) for p in report.probes if not p.ok])
         sleep(min(delay, max(0.0, timeout - waited)))
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 1.5, 1.0)
 
 
 def _worker_failed(backend: Backend, job_name: str, status: JobStatus, when: str) -> JobFailed:

@@ -112,6 +112,9 @@ def render_sshd_config(port: int, paths: PodPaths = DEFAULT_PATHS) -> str:
         "X11Forwarding no\n"
         "AllowTcpForwarding no\n"
         "PrintMotd no\n"
+        # In-process sftp: readiness probes open an authenticated session without starting a shell
+        # (root's shell rc files can cost more than the whole ssh handshake).
+        "Subsystem sftp internal-sftp\n"
         "MaxStartups 200:30:400\n"
         "MaxSessions 50\n"
         "LogLevel INFO\n"
@@ -135,8 +138,9 @@ def render_ssh_files(
 def build_ssh_probe_argv(
     host: str, port: int, client_key: str, known_hosts: str, connect_timeout: int = 3
 ) -> list[str]:
-    """``ssh host true`` with the job key and pinned host keys, configured on the command line
-    (no config file), for probing from outside a pod."""
+    """An ssh login with the job key and pinned host keys, configured on the command line (no
+    config file), for probing from outside a pod. Run it with stdin closed: the sftp session ends
+    at once."""
     return [
         "ssh",
         "-F",
@@ -167,6 +171,7 @@ def build_ssh_probe_argv(
         str(port),
         "-l",
         "root",
+        "-s",
         host,
-        "true",
+        "sftp",  # an authenticated session, no shell: see render_sshd_config
     ]

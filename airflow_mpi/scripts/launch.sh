@@ -187,7 +187,8 @@ load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x o
 
 probe_host() { # host -> exit 0, or print the reason it is not usable and exit 1
   local host="$1" port="${AIRFLOW_MPI_SSH_PORT:-22}" out
-  if out=$(ssh -F "$SSH_DIR/ssh_config" -o ConnectTimeout=3 "$host" true 2>&1 </dev/null); then
+  # An authenticated session on the in-process sftp subsystem: no remote shell is started.
+  if out=$(ssh -F "$SSH_DIR/ssh_config" -o ConnectTimeout=3 -s "$host" sftp 2>&1 </dev/null); then
     return 0
   fi
   case "$out" in

@@ -52,5 +52,5 @@ def test_configs_are_key_only_and_strict() -> None:
 
 def test_probe_argv_needs_no_config_file() -> None:
     argv = build_ssh_probe_argv("w-0.job", 22, "/k/id", "/k/known_hosts")
-    assert argv[:3] == ["ssh", "-F", "/dev/null"] and argv[-2:] == ["w-0.job", "true"]
+    assert argv[:3] == ["ssh", "-F", "/dev/null"] and argv[-3:] == ["-s", "w-0.job", "sftp"]
     assert "StrictHostKeyChecking=yes" in argv and "UserKnownHostsFile=/k/known_hosts" in argv

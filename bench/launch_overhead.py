@@ -1,0 +1,118 @@
+"""Launch overhead of the local backend (a script that prints figures, not a timed test).
+
+overhead = wall of a 3-pod `hostname` job through the backend (create, sshd readiness, master
+launch script, mpiexec, teardown)  -  wall of a bare `mpiexec -np 3 hostname` run inside the
+same master pod, over the same namespaces, hosts and ssh configuration.
+
+    sudo .venv/bin/python bench/launch_overhead.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from airflow_mpi.backends.local import LocalBackend  # noqa: E402
+from airflow_mpi.naming import RunIdentity  # noqa: E402
+from airflow_mpi.plan import render_plan  # noqa: E402
+from airflow_mpi.runner import JobRunner  # noqa: E402
+from airflow_mpi.spec import MPIJobSpec  # noqa: E402
+from airflow_mpi.topology import render_mpi_hosts  # noqa: E402
+
+STATE_DIR = "/run/airflow-mpi-bench"
+
+
+def spec(command: list[str]) -> MPIJobSpec:
+    return MPIJobSpec.from_dict({"name": "bench", "command": command, "workers": {"replicas": 2}})
+
+
+def through_backend(backend: LocalBackend, run: int) -> tuple[float, dict[str, float]]:
+    plan = render_plan(spec(["hostname"]), RunIdentity("bench", "hello", f"run-{run}-{time.time_ns()}"))
+    started = time.perf_counter()
+    result = JobRunner(backend, plan, lambda _text: None).run()
+    return time.perf_counter() - started, result.durations_s
+
+
+def bare_mpiexec(backend: LocalBackend, runs: int) -> list[float]:
+    """Keep a job's pods up (the master sleeps) and run plain mpiexec inside the master pod."""
+    plan = render_plan(spec(["sleep", "600"]), RunIdentity("bench", "bare", f"bare-{time.time_ns()}"))
+    hosts = render_mpi_hosts(plan.topology)
+    runner = JobRunner(backend, plan, lambda _text: None)
+    import threading
+
+    thread = threading.Thread(target=lambda: _quietly(runner.run), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while runner.output.lines_seen < 3 or not _master_init(backend, plan.job_name):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bare-mpiexec job did not start")
+            time.sleep(0.05)
+        time.sleep(1.0)  # let the job's own mpiexec finish starting its ranks
+        init = _master_init(backend, plan.job_name)
+        argv = [
+            "nsenter", "-t", str(init), "-a",
+            "mpiexec", "--allow-run-as-root", "--host", hosts, "-np", "3",
+            "--mca", "orte_keep_fqdn_hostnames", "1",
+            "--mca", "plm_rsh_args", f"-F {plan.paths.ssh_config}",
+            "hostname",
+        ]  # fmt: skip
+        walls = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            walls.append(time.perf_counter() - started)
+            if done.returncode != 0 or len(done.stdout.split()) != 3:
+                raise RuntimeError(f"bare mpiexec failed: {done.stdout} {done.stderr}")
+        return walls
+    finally:
+        runner.teardown()
+        thread.join(30)
+
+
+def _master_init(backend: LocalBackend, job_name: str) -> int | None:
+    job = backend._job(job_name)
+    proc = job.procs.get(job.master.name)
+    if proc is None:
+        return None
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return int(children[0]) if children else None
+
+
+def _quietly(fn: object) -> None:
+    try:
+        fn()  # type: ignore[operator]
+    except Exception:  # noqa: S110 - the bare job is torn down on purpose
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    backend = LocalBackend(state_dir=STATE_DIR)
+    through_backend(backend, -1)  # warm caches (Python imports in ranks, ssh binaries)
+    job_walls, phases = [], []
+    for run in range(args.runs):
+        wall, durations = through_backend(backend, run)
+        job_walls.append(wall)
+        phases.append(durations)
+    bare = bare_mpiexec(backend, args.runs)
+    job_median, bare_median = statistics.median(job_walls), statistics.median(bare)
+    print(f"runs: {args.runs} (median; min-max)")
+    print(f"3-pod hello job through the backend: {job_median:.3f} s ({min(job_walls):.3f}-{max(job_walls):.3f})")
+    for phase in ("create", "sshd_ready", "mpiexec"):
+        values = [p[phase] for p in phases]
+        print(f"  {phase:<11} {statistics.median(values):.3f} s")
+    print(f"bare mpiexec -np 3 in the same pods: {bare_median:.3f} s ({min(bare):.3f}-{max(bare):.3f})")
+    print(f"launch overhead: {job_median - bare_median:.3f} s (target <= 1.0 s)")
+
+
+if __name__ == "__main__":
+    main()
