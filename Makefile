@@ -58,6 +58,7 @@ test: setup lint ## everything: lint, unit, integration (real sshd + Open MPI), 
 
 bench: setup ## benchmarks: print figures (not timed tests)
 	$(PY) bench/launch_overhead.py
+	$(PY) bench/log_throughput.py
 
 doctor: $(STAMP) ## check this machine can run the local backend
 	$(BIN)/airflow-mpi doctor

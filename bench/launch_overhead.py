@@ -12,18 +12,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from airflow_mpi.backends.local import LocalBackend  # noqa: E402
-from airflow_mpi.naming import RunIdentity  # noqa: E402
-from airflow_mpi.plan import render_plan  # noqa: E402
-from airflow_mpi.runner import JobRunner  # noqa: E402
-from airflow_mpi.spec import MPIJobSpec  # noqa: E402
-from airflow_mpi.topology import render_mpi_hosts  # noqa: E402
+from airflow_mpi.backends.local import LocalBackend
+from airflow_mpi.naming import RunIdentity
+from airflow_mpi.plan import render_plan
+from airflow_mpi.runner import JobRunner
+from airflow_mpi.spec import MPIJobSpec
+from airflow_mpi.topology import render_mpi_hosts
 
 STATE_DIR = "/run/airflow-mpi-bench"
 
@@ -88,7 +85,7 @@ def _master_init(backend: LocalBackend, job_name: str) -> int | None:
 def _quietly(fn: object) -> None:
     try:
         fn()  # type: ignore[operator]
-    except Exception:  # noqa: S110 - the bare job is torn down on purpose
+    except Exception:  # the bare job is torn down on purpose
         pass
 
 

@@ -1,0 +1,101 @@
+"""Log streaming of the local backend into a task-style logger (prints figures; not a timed test).
+
+1. flood: 3 ranks print N lines each as fast as they can; lines/s into the logger, records used.
+2. trickle: one rank prints its clock every 50 ms; delay from print to log record (p50/p99/max).
+
+    sudo .venv/bin/python bench/log_throughput.py [--lines 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from airflow_mpi.backends.local import LocalBackend
+from airflow_mpi.naming import RunIdentity
+from airflow_mpi.plan import render_plan
+from airflow_mpi.runner import JobRunner
+from airflow_mpi.spec import MPIJobSpec
+
+STATE_DIR = "/run/airflow-mpi-bench"
+
+
+def task_logger(path: Path) -> logging.Logger:
+    logger = logging.getLogger("bench.task")
+    logger.handlers[:] = [logging.FileHandler(path)]
+    logger.handlers[0].setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+def run(command: list[str], workers: int, emit: object) -> float:
+    spec = MPIJobSpec.from_dict({"name": "logbench", "command": command, "workers": {"replicas": workers}})
+    plan = render_plan(spec, RunIdentity("bench", "log", f"r-{time.time_ns()}"))
+    started = time.perf_counter()
+    JobRunner(LocalBackend(state_dir=STATE_DIR), plan, emit).run()  # type: ignore[arg-type]
+    return time.perf_counter() - started
+
+
+def flood(lines: int, log_path: Path) -> None:
+    logger = task_logger(log_path)
+    counts = {"records": 0, "lines": 0, "first": 0.0, "last": 0.0}
+
+    def emit(text: str) -> None:
+        now = time.perf_counter()
+        counts["first"] = counts["first"] or now
+        counts["last"] = now
+        counts["records"] += 1
+        counts["lines"] += text.count("\n") + 1
+        logger.info("%s", text)
+
+    code = f"import sys\nw = sys.stdout.write\nfor i in range({lines}):\n    w(f'line {{i}} of the flood\\n')\n"
+    wall = run([sys.executable, "-c", code], 2, emit)
+    rank_lines = 3 * lines
+    streamed = counts["last"] - counts["first"]
+    print(f"flood: {rank_lines} rank lines in {wall:.2f} s job wall; streaming window {streamed:.2f} s")
+    print(f"  {counts['lines'] / streamed:,.0f} lines/s into the logger, {counts['records']} records")
+    print(f"  ({counts['lines'] / counts['records']:.0f} lines per record on average)")
+
+
+def trickle(seconds: float) -> None:
+    delays: list[float] = []
+
+    def emit(text: str) -> None:
+        now = time.time()
+        for line in text.splitlines():
+            if "tick " in line:
+                delays.append(now - float(line.rsplit(" ", 1)[1]))
+
+    code = (
+        "import time\n"
+        f"for i in range(int({seconds} / 0.05)):\n    print('tick', repr(time.time()))\n    time.sleep(0.05)\n"
+    )
+    run([sys.executable, "-c", code], 0, emit)
+    delays.sort()
+    p99 = delays[int(len(delays) * 0.99) - 1]
+    print(
+        f"trickle: {len(delays)} lines, print -> log record delay p50 {statistics.median(delays) * 1000:.1f} ms, "
+        f"p99 {p99 * 1000:.1f} ms, max {delays[-1] * 1000:.1f} ms (target: every line within 100 ms)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=100_000, help="lines per rank in the flood")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of the trickle")
+    args = parser.parse_args()
+    log_path = Path("/var/tmp/airflow-mpi-bench-task.log")
+    try:
+        flood(args.lines, log_path)
+    finally:
+        log_path.unlink(missing_ok=True)
+    trickle(args.seconds)
+
+
+if __name__ == "__main__":
+    main()
