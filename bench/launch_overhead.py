@@ -74,8 +74,8 @@ def bare_mpiexec(backend: LocalBackend, runs: int) -> list[float]:
 
 
 def _master_init(backend: LocalBackend, job_name: str) -> int | None:
-    job = backend._job(job_name)
-    proc = job.procs.get(job.master.name)
+    sandbox = backend._sandbox(job_name)
+    proc = sandbox.procs.get(f"{job_name}-master-0")
     if proc is None:
         return None
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()

@@ -178,7 +178,7 @@ def test_worker_killed_mid_run_ends_the_job(backend: LocalBackend) -> None:
     thread.start()
     _wait(lambda: len(running) == 3, 30, "ranks to start")
     victim = plan.workers[1].name
-    pid = backend._job(plan.job_name).procs[victim].pid
+    pid = backend._sandbox(plan.job_name).procs[victim].pid
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     thread.join(30)
@@ -219,7 +219,7 @@ def test_probe_tells_key_refused_from_host_key_mismatch(backend: LocalBackend, f
     try:
         backend.create(plan)
         wait_for_sshd(backend, plan.job_name, 30)
-        ssh_dir = backend._job(plan.job_name).ssh_dir(plan.master.name)
+        ssh_dir = backend._sandbox(plan.job_name).dir / "pods" / plan.master.name / "ssh"
         if fault == "key refused":
             (ssh_dir / "id_ed25519").write_text(generate_keypair().private_openssh)
         else:

@@ -1,0 +1,513 @@
+"""The namespace runner: "pods" as namespaced process trees on this machine.
+
+A sandbox is one bridge and one /24 with pods on it. A pod is what a container is on Kubernetes,
+minus the image: the host's files seen through
+ - a network namespace with its own IP on the sandbox's bridge,
+ - a UTS namespace whose host name is the pod name,
+ - a PID namespace: killing its first process ends everything in the pod,
+ - a mount namespace with the pod's mounts (binds of host paths, private tmpfs),
+ - ``/etc/hosts`` (``ip netns exec`` binds ``/etc/netns/<ns>/hosts``) naming the other pods.
+
+Used by the local backend (one sandbox per job) and by the Kubernetes API double's kubelet
+(one sandbox for the whole double). Every sandbox is recorded in ``<state_dir>/<name>/
+sandbox.json`` before anything is created, so a sandbox whose owner died is swept later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from airflow_mpi.exceptions import LaunchError
+
+SUBNET_POOL = ipaddress.IPv4Network("10.244.0.0/16")
+NETNS_PREFIX = "ampl-"
+BRIDGE_PREFIX = "ampb"
+VETH_PREFIX = "ampv"
+NETNS_HOSTS_DIR = Path("/etc/netns")
+RECORD = "sandbox.json"
+MAX_PODS = 253  # one /24 per sandbox
+
+# PID 1 of every pod, after `ip netns exec` (network, hosts file) and `unshare` (uts, pid, mount).
+# Arguments only, never interpolated: the pod name, then "--tmpfs TARGET MODE SIZE" and
+# "--bind SOURCE TARGET ro|rw" groups in order, then "--" and the command.
+POD_INIT = r"""
+set -euo pipefail
+printf '%s' "$1" >/proc/sys/kernel/hostname
+shift
+while (($#)); do
+  case "$1" in
+    --tmpfs) mount -t tmpfs -o "mode=$3,size=$4" tmpfs "$2"; shift 4 ;;
+    --bind)
+      mount --bind "$2" "$3"
+      if [[ "$4" == ro ]]; then mount -o remount,bind,ro "$3"; fi
+      shift 4 ;;
+    --) shift; break ;;
+    *) echo "pod-init: bad argument $1" >&2; exit 2 ;;
+  esac
+done
+cd /
+exec "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind of a host path (``source``) or, without one, a private tmpfs at ``target``."""
+
+    target: str
+    source: str | None = None
+    read_only: bool = False
+    tmpfs_size: str = "64m"
+    tmpfs_mode: str = "0755"
+
+    def pod_init_args(self) -> list[str]:
+        if self.source is None:
+            return ["--tmpfs", self.target, self.tmpfs_mode, self.tmpfs_size]
+        return ["--bind", self.source, self.target, "ro" if self.read_only else "rw"]
+
+
+@dataclass
+class SandboxPod:
+    name: str
+    netns: str
+    veth: str
+    ip: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    pid: int | None = None
+    pid_start: int | None = None
+
+
+@dataclass
+class Sandbox:
+    name: str
+    dir: Path
+    subnet: str
+    bridge: str
+    owner_pid: int
+    owner_start: int
+    pods: dict[str, SandboxPod] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    next_index: int = 0
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, state_dir: Path, name: str, meta: dict[str, Any] | None = None) -> Sandbox:
+        """Allocate a free /24 and names, record them, then create the bridge."""
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        digest = hashlib.sha256(name.encode()).hexdigest()
+        with _lock(state_dir):
+            used = {s.subnet for s in records(state_dir)} | _host_networks()
+            subnets = list(SUBNET_POOL.subnets(new_prefix=24))
+            start = int(digest[:8], 16) % len(subnets)
+            subnet = next(
+                (
+                    s
+                    for s in subnets[start:] + subnets[:start]
+                    if not any(s.overlaps(ipaddress.ip_network(u)) for u in used)
+                ),
+                None,
+            )
+            if subnet is None:
+                raise LaunchError(f"no free /24 left in {SUBNET_POOL} for local pods")
+            sandbox = cls(
+                name=name,
+                dir=state_dir / name,
+                subnet=str(subnet),
+                bridge=f"{BRIDGE_PREFIX}{digest[:8]}",
+                owner_pid=os.getpid(),
+                owner_start=start_ticks(os.getpid()) or 0,
+                meta=dict(meta or {}),
+            )
+            # The directory appears with its record in it, or not at all (rename is atomic).
+            staging = sandbox.dir.with_name(f".{name}.new")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(mode=0o700)
+            (staging / RECORD).write_text(json.dumps(sandbox.record()))
+            staging.rename(sandbox.dir)
+        try:
+            gateway = next(iter(subnet.hosts()))
+            _ip(
+                ["-batch", "-"],
+                f"link add {sandbox.bridge} type bridge\n"
+                f"addr add {gateway}/{subnet.prefixlen} dev {sandbox.bridge}\n"
+                f"link set {sandbox.bridge} up\n",
+            )
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox
+
+    @classmethod
+    def load(cls, state_dir: Path, name: str) -> Sandbox | None:
+        path = state_dir / name
+        try:
+            data = json.loads((path / RECORD).read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except ValueError:
+            shutil.rmtree(path, ignore_errors=True)  # cut short by a crash
+            return None
+        pods = {n: SandboxPod(**p) for n, p in data.pop("pods").items()}
+        return cls(dir=path, pods=pods, **data)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "subnet": self.subnet,
+            "bridge": self.bridge,
+            "owner_pid": self.owner_pid,
+            "owner_start": self.owner_start,
+            "meta": self.meta,
+            "next_index": self.next_index,
+            "pods": {name: asdict(pod) for name, pod in self.pods.items()},
+        }
+
+    def save(self) -> None:
+        tmp = self.dir / f"{RECORD}.tmp"
+        tmp.write_text(json.dumps(self.record()))
+        tmp.replace(self.dir / RECORD)
+
+    @property
+    def owner_alive(self) -> bool:
+        return start_ticks(self.owner_pid) == self.owner_start
+
+    # --- pods -----------------------------------------------------------------------------
+
+    def add_pods(self, names: Sequence[str], meta: dict[str, dict[str, Any]] | None = None) -> list[SandboxPod]:
+        """Give each pod a network namespace with an IP on the bridge (recorded first)."""
+        network = ipaddress.ip_network(self.subnet)
+        hosts = list(network.hosts())
+        digest = hashlib.sha256(self.name.encode()).hexdigest()[:6]
+        added = []
+        for name in names:
+            index = self.next_index
+            if index + 1 >= len(hosts):
+                raise LaunchError(f"local pods: more than {MAX_PODS} pods in {self.name}")
+            self.next_index += 1
+            pod = SandboxPod(
+                name=name,
+                netns=f"{NETNS_PREFIX}{name}",
+                veth=f"{VETH_PREFIX}{digest}x{index}",
+                ip=str(hosts[index + 1]),  # .1 is the bridge
+                meta=(meta or {}).get(name, {}),
+            )
+            self.pods[name] = pod
+            added.append(pod)
+        self.save()
+        host_side = []
+        for pod in added:
+            (NETNS_HOSTS_DIR / pod.netns).mkdir(parents=True, exist_ok=True)
+            (NETNS_HOSTS_DIR / pod.netns / "hosts").touch()
+            host_side += [
+                f"netns add {pod.netns}",
+                f"link add {pod.veth} type veth peer name eth0 netns {pod.netns}",
+                f"link set {pod.veth} master {self.bridge} up",
+            ]
+        _ip(["-batch", "-"], "\n".join(host_side) + "\n")
+        for pod in added:
+            inside = f"addr add {pod.ip}/{network.prefixlen} dev eth0\nlink set eth0 up\nlink set lo up\n"
+            _ip(["-n", pod.netns, "-batch", "-"], inside)
+        return added
+
+    def write_hosts(self, entries: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """Every pod's /etc/hosts: localhost plus ``entries`` (ip, names). Written in place, so
+        running pods, which see the file through a bind mount, see the change."""
+        text = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n" + "".join(
+            f"{ip} {' '.join(names)}\n" for ip, names in entries
+        )
+        for pod in self.pods.values():
+            path = NETNS_HOSTS_DIR / pod.netns / "hosts"
+            with contextlib.suppress(FileNotFoundError), path.open("r+") as handle:
+                handle.write(text)
+                handle.truncate()
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str],
+        mounts: Sequence[Mount],
+        stdout: IO[bytes] | int,
+    ) -> subprocess.Popen[bytes]:
+        """Start the pod's first process: ``argv`` with exactly ``env``, behind ``mounts``."""
+        pod = self.pods[name]
+        command = [
+            "ip", "netns", "exec", pod.netns,
+            # The pod dies with this process, even SIGKILLed (then unshare's --kill-child).
+            "setpriv", "--pdeathsig", "KILL",
+            "unshare", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
+            "bash", "-c", POD_INIT, "pod-init", name,
+            *(arg for mount in mounts for arg in mount.pod_init_args()),
+            "--", *argv,
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+        )
+        self.procs[name] = proc
+        pod.pid, pod.pid_start = proc.pid, start_ticks(proc.pid)
+        self.save()
+        return proc
+
+    def exit_code(self, name: str) -> int | None:
+        """None while the pod runs; its exit code (negative: signal) once it ended."""
+        proc = self.procs.get(name)
+        if proc is not None:
+            return proc.poll()
+        pod = self.pods[name]
+        if pod.pid is not None and start_ticks(pod.pid) == pod.pid_start:
+            return None
+        return -signal.SIGKILL  # started by another process that is gone: cannot know
+
+    def started(self, name: str) -> bool:
+        return self.pods[name].pid is not None
+
+    def stop(self, name: str) -> None:
+        """Kill the pod and everything in it, and wait until it is gone."""
+        pod = self.pods[name]
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            _stop_pod(proc.pid)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        elif pod.pid is not None and start_ticks(pod.pid) == pod.pid_start:
+            _stop_pod(pod.pid)
+            _wait_gone(pod.pid, pod.pid_start, timeout=10)
+            if start_ticks(pod.pid) == pod.pid_start:
+                _kill_group(pod.pid)
+        # Anything still inside the pod's network namespace: e.g. a pod whose owner was killed
+        # while it was starting, before its parent-death signal was armed.
+        _kill_all(pids_in_netns([pod.netns]))
+
+    def remove_pod(self, name: str) -> None:
+        self.stop(name)
+        pod = self.pods.pop(name)
+        commands = [f"link del {pod.veth}"] if _link_exists(pod.veth) else []
+        commands += [f"netns del {pod.netns}"] if _netns_exists(pod.netns) else []
+        if commands:
+            _ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
+        shutil.rmtree(NETNS_HOSTS_DIR / pod.netns, ignore_errors=True)
+        self.save()
+
+    def destroy(self) -> None:
+        """Every pod, namespace, link, hosts file and the state directory. Idempotent."""
+        for name in list(self.pods):
+            self.stop(name)
+        # Delete the veths ourselves: once a namespace is gone the kernel frees its veth pair
+        # asynchronously, and the host side would linger for a moment.
+        commands = [f"link del {p.veth}" for p in self.pods.values() if _link_exists(p.veth)]
+        commands += [f"netns del {p.netns}" for p in self.pods.values() if _netns_exists(p.netns)]
+        if _link_exists(self.bridge):
+            commands.append(f"link del {self.bridge}")
+        if commands:
+            # -force: go on past a missing object; leftovers() checks every one anyway.
+            _ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
+        for pod in self.pods.values():
+            shutil.rmtree(NETNS_HOSTS_DIR / pod.netns, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        found = [f"state directory {self.dir}"] if self.dir.exists() else []
+        found += [f"network namespace {p.netns}" for p in self.pods.values() if _netns_exists(p.netns)]
+        links = (self.bridge, *(p.veth for p in self.pods.values()))
+        found += [f"link {name}" for name in links if _link_exists(name)]
+        found += [
+            f"process {p.pid} of pod {p.name}"
+            for p in self.pods.values()
+            if p.pid is not None and start_ticks(p.pid) == p.pid_start
+        ]
+        found += [f"process {pid} in a pod's network" for pid in pids_in_netns([p.netns for p in self.pods.values()])]
+        found += [
+            f"hosts directory {NETNS_HOSTS_DIR / p.netns}"
+            for p in self.pods.values()
+            if (NETNS_HOSTS_DIR / p.netns).exists()
+        ]
+        return found
+
+
+# --- records and sweeping ---------------------------------------------------------------------
+
+
+def records(state_dir: Path) -> list[Sandbox]:
+    if not state_dir.exists():
+        return []
+    found = []
+    for entry in sorted(state_dir.iterdir()):
+        if entry.is_dir() and not entry.name.startswith("."):
+            sandbox = Sandbox.load(state_dir, entry.name)
+            if sandbox is not None:
+                found.append(sandbox)
+    return found
+
+
+def sweep(state_dir: Path, keep: Sequence[str] = ()) -> list[str]:
+    """Destroy every sandbox whose owner process is gone (a crashed task, CLI run or test)."""
+    swept = []
+    for sandbox in records(state_dir):
+        if sandbox.name not in keep and not sandbox.owner_alive:
+            sandbox.destroy()
+            swept.append(sandbox.name)
+    return swept
+
+
+def sweep_orphans(state_dir: Path) -> list[str]:
+    """Remove namespaces, links and hosts files of ours that no record describes and no process
+    uses (e.g. after a state directory was deleted by hand). Only for an explicit clean-up: a
+    sandbox of another state directory being created right now would look the same."""
+    sweep(state_dir)
+    known = records(state_dir)
+    known_netns = {p.netns for s in known for p in s.pods.values()}
+    known_links = {n for s in known for n in (s.bridge, *(p.veth for p in s.pods.values()))}
+    removed = []
+    for name in netns_list():
+        if name.startswith(NETNS_PREFIX) and name not in known_netns and not pids_in_netns([name]):
+            _ip(["netns", "del", name], "", check=False)
+            removed.append(f"network namespace {name}")
+    for link in sorted(os.listdir("/sys/class/net")):
+        if link.startswith((BRIDGE_PREFIX, VETH_PREFIX)) and link not in known_links:
+            _ip(["link", "del", link], "", check=False)
+            removed.append(f"link {link}")
+    for hosts in NETNS_HOSTS_DIR.glob(f"{NETNS_PREFIX}*"):
+        if hosts.name not in known_netns:
+            shutil.rmtree(hosts, ignore_errors=True)
+            removed.append(f"hosts directory {hosts}")
+    return removed
+
+
+@contextlib.contextmanager
+def _lock(state_dir: Path) -> Iterator[None]:
+    with (state_dir / ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- small system helpers ---------------------------------------------------------------------
+
+
+def _ip(args: list[str], script: str, *, check: bool = True) -> None:
+    done = subprocess.run(["ip", *args], input=script, capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise LaunchError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+def netns_list() -> list[str]:
+    try:
+        return sorted(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return []
+
+
+def _netns_exists(name: str) -> bool:
+    return os.path.exists(f"/run/netns/{name}")
+
+
+def _link_exists(name: str) -> bool:
+    return os.path.exists(f"/sys/class/net/{name}")
+
+
+def _host_networks() -> set[str]:
+    """IPv4 networks already on this host's interfaces (never allocate over them)."""
+    done = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=False)
+    networks = set()
+    with contextlib.suppress(ValueError, KeyError):
+        for link in json.loads(done.stdout or "[]"):
+            for addr in link.get("addr_info", []):
+                networks.add(str(ipaddress.ip_network(f"{addr['local']}/{addr['prefixlen']}", strict=False)))
+    return networks
+
+
+def start_ticks(pid: int) -> int | None:
+    """A process's start time (guards against PID reuse); None when it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def pids_in_netns(names: Sequence[str]) -> list[int]:
+    """Processes whose network namespace is one of ``names`` (what ``ip netns pids`` does)."""
+    inodes = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"/run/netns/{name}").st_ino)
+    if not inodes:
+        return []
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry.name}/ns/net").st_ino in inodes:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _kill_all(pids: list[int], timeout: float = 5) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(start_ticks(pid) is not None for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _stop_pod(unshare_pid: int) -> None:
+    """Kill the pod's first process (its PID namespace's init): the kernel then kills and reaps
+    everything in the pod, and ``unshare`` exits by itself, so nothing is left as a zombie."""
+    children = _children(unshare_pid)
+    if not children:
+        _kill_group(unshare_pid)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+def _wait_gone(pid: int, start: int | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while start_ticks(pid) == start and time.monotonic() < deadline:
+        time.sleep(0.02)
