@@ -1,7 +1,8 @@
 """What the master printed: bounded tails per rank, the rank that failed, and the job's result.
 
 Pure: it reads lines (mpiexec ``--tag-output`` style, ``[1,R]<stdout>:text``) and remembers
-only bounded amounts, whatever the volume. Also turns line batches into log records.
+only bounded amounts, whatever the volume. Also turns line batches into log records, and keeps
+the cursor that lets a dropped Kubernetes log stream resume with no duplicate and no gap.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow_mpi.contract import RESULT_PREFIX
@@ -144,3 +146,65 @@ def build_rank_pods(spec: MPIJobSpec, topology: Topology) -> list[str]:
         while len(pods) < topology.np:
             pods += pods[: topology.np - len(pods)]
     return pods[: topology.np]
+
+
+def parse_log_timestamp(text: str) -> int:
+    """Nanoseconds since the epoch from a kubelet timestamp (RFC3339Nano, e.g.
+    ``2026-11-29T20:00:01.12345Z``). Full precision: Python's datetime keeps only microseconds."""
+    main, _, rest = text.partition(".")
+    fraction = rest.rstrip("Z") if rest else ""
+    if not rest:
+        main = main.rstrip("Z")
+    seconds = int(datetime.strptime(main, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp())
+    return seconds * 1_000_000_000 + int((fraction + "000000000")[:9] or 0)
+
+
+def format_since_time(ns: int) -> str:
+    """``sinceTime`` for a resumed log stream: the API server keeps whole seconds anyway."""
+    return datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class LogCursor:
+    """Where a log stream stopped, by the node's own timestamps, so a resumed stream (which
+    restarts at the whole second) emits every line exactly once: lines before the last timestamp
+    are replays, and so are the first ``count`` lines at it. No clock of this machine is used."""
+
+    last_ns: int | None = None
+    count: int = 0  # lines emitted with timestamp == last_ns
+    _replay_ns: int | None = None
+    _replay_count: int = 0
+    _replayed: int = 0
+
+    def resume(self) -> str | None:
+        """Call before (re)opening a stream; returns its ``sinceTime`` (None: from the start)."""
+        self._replay_ns, self._replay_count, self._replayed = self.last_ns, self.count, 0
+        return format_since_time(self.last_ns) if self.last_ns is not None else None
+
+    def accept(self, ns: int) -> bool:
+        """True if the line with this timestamp is new (emit it), False if it is a replay."""
+        if self._replay_ns is not None:
+            if ns < self._replay_ns:
+                return False
+            if ns == self._replay_ns and self._replayed < self._replay_count:
+                self._replayed += 1
+                return False
+            self._replay_ns = None  # past where the last stream stopped
+        if ns == self.last_ns:
+            self.count += 1
+        else:
+            self.last_ns, self.count = ns, 1
+        return True
+
+    def to_dict(self) -> dict[str, int]:
+        return {"last_ns": self.last_ns or 0, "count": self.count}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LogCursor:
+        return cls(last_ns=int(data["last_ns"]) or None, count=int(data["count"]))
+
+
+def split_timestamped(line: str) -> tuple[int, str]:
+    """``"<RFC3339Nano> text"`` (a ``timestamps=true`` log line) -> (ns, text)."""
+    stamp, _, text = line.partition(" ")
+    return parse_log_timestamp(stamp), text

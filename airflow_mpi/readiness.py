@@ -6,9 +6,12 @@ same ssh messages the same way in bash (tests compare the two on the same sample
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+
+from airflow_mpi.spec import Role
+from airflow_mpi.status import PodPhase, PodState
 
 
 class HostProblem(str, Enum):
@@ -19,6 +22,7 @@ class HostProblem(str, Enum):
     HOST_KEY_MISMATCH = "host key mismatch"
     NO_ANSWER = "no answer"
     POD_ENDED = "pod ended"
+    NOT_READY = "pod not ready"
     SSH_FAILED = "ssh failed"
 
 
@@ -44,6 +48,7 @@ _HINTS = {
     "(its host key is not the pinned one)",
     HostProblem.NO_ANSWER: "packets to {host} port {port} are dropped (network policy or routing)",
     HostProblem.POD_ENDED: "the pod's process ended before sshd answered",
+    HostProblem.NOT_READY: "the pod is not running yet",
     HostProblem.SSH_FAILED: "ssh failed",
 }
 
@@ -84,3 +89,24 @@ def summarize_not_ready(probes: Sequence[HostProbe], waited: float, port: int = 
     lines = [f"{len(failing)} of {len(probes)} worker host(s) did not accept ssh within {waited:.0f}s:"]
     lines += [f"  {probe.describe(port)}" for probe in failing]
     return "\n".join(lines)
+
+
+def probes_from_states(job_name: str, states: Sequence[PodState], roles: Mapping[str, Role]) -> list[HostProbe]:
+    """Worker readiness from pod states (Kubernetes: the readiness probe is a TCP check of the
+    sshd port; the master's launch script then checks a real ssh login from inside the cluster)."""
+    by_name = {s.name: s for s in states}
+    probes = []
+    for pod, role in roles.items():
+        if role is not Role.WORKER:
+            continue
+        host, state = f"{pod}.{job_name}", by_name.get(pod)
+        if state is None or state.phase is PodPhase.PENDING:
+            detail = f"{state.reason}: {state.message}" if state and state.reason else "pod not running yet"
+            probes.append(HostProbe(host, HostProblem.NOT_READY, detail))
+        elif state.ended:
+            probes.append(HostProbe(host, HostProblem.POD_ENDED, state.describe()))
+        elif not state.ready:
+            probes.append(HostProbe(host, HostProblem.PORT_CLOSED, "readiness probe on the sshd port failing"))
+        else:
+            probes.append(HostProbe(host, HostProblem.OK))
+    return probes

@@ -7,6 +7,7 @@ the sensor shares ``check_sshd_once``/``wait_for_sshd``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
@@ -53,11 +54,9 @@ def wait_for_sshd(
     timeout: float,
     *,
     port: int = 22,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> list[HostProbe]:
     """Until every worker accepts the job key; bounded by ``timeout`` with a reason per host."""
-    start = clock()
+    start = time.monotonic()
     delay = 0.02  # sshd starts in tens of milliseconds; image pulls take minutes: back off
     while True:
         report = check_sshd_once(backend, job_name)
@@ -65,11 +64,12 @@ def wait_for_sshd(
             raise _worker_failed(backend, job_name, report.failure, "before sshd was ready")
         if report.ready:
             return report.probes
-        waited = clock() - start
+        waited = time.monotonic() - start
         if waited >= timeout:
             message = summarize_not_ready(report.probes, waited, port)
             raise SshdNotReady(message, [p.describe(port) for p in report.probes if not p.ok])
-        sleep(min(delay, max(0.0, timeout - waited)))
+        # Kubernetes wakes this at the next pod event; locally it is a plain back-off sleep.
+        backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
         delay = min(delay * 1.5, 1.0)
 
 
@@ -85,8 +85,8 @@ def _worker_failed(backend: Backend, job_name: str, status: JobStatus, when: str
     )
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -116,7 +116,11 @@ class JobResult:
 
 
 class JobRunner:
-    """Runs one planned job on one backend. ``emit`` receives log records (one or more lines)."""
+    """Runs one planned job on one backend. ``emit`` receives log records (one or more lines).
+
+    ``run()`` does everything; the deferrable operator calls the phases (``create``,
+    ``start_master``, ``finish``) from separate resumptions, passing ``marks`` along.
+    """
 
     def __init__(
         self,
@@ -124,13 +128,17 @@ class JobRunner:
         plan: JobPlan,
         emit: Callable[[str], None],
         *,
-        clock: Callable[[], float] = time.monotonic,
+        marks: dict[str, float] | None = None,
+        skip_lines: int = 0,
+        on_progress: Callable[[int], None] | None = None,
     ) -> None:
         self.backend = backend
         self.plan = plan
         self.emit = emit
-        self.clock = clock
         self.output = OutputTracker()
+        self.marks: dict[str, float] = dict(marks or {})  # phase -> epoch seconds
+        self.skip_lines = skip_lines  # master lines an earlier try already showed (reattach)
+        self.on_progress = on_progress  # called with the number of master lines shown so far
         self._teardown_lock = threading.Lock()
         self._torn_down = False
 
@@ -138,9 +146,14 @@ class JobRunner:
     def job_name(self) -> str:
         return self.plan.job_name
 
-    def run(self) -> JobResult:
+    def run(self, *, adopted: bool = False) -> JobResult:
+        """The whole job, torn down on every path; ``adopted``: the job already runs (reattach)."""
         try:
-            return self._run()
+            if not adopted:
+                self.create()
+                self.wait_ready()
+                self.start_master()
+            return self.finish()
         finally:
             self.teardown()
 
@@ -156,38 +169,56 @@ class JobRunner:
                 log.error("teardown of %s left: %s", self.job_name, "; ".join(left))
             return left
 
-    def _run(self) -> JobResult:
-        plan, spec = self.plan, self.plan.spec
-        marks: dict[str, float] = {"start": self.clock()}
-        timings = {"submitted": _now()}
+    def _mark(self, phase: str) -> None:
+        self.marks[phase] = time.time()
+
+    def create(self) -> None:
+        plan = self.plan
+        self._mark("submitted")
         self.emit(
             f"airflow-mpi: job {plan.job_name} on the {self.backend.name} backend: 1 master + "
             f"{len(plan.workers)} worker(s), {plan.topology.np} rank(s)"
         )
         self.backend.create(plan)
-        marks["created"], timings["created"] = self.clock(), _now()
+        self._mark("created")
+
+    def wait_ready(self) -> None:
+        plan, spec = self.plan, self.plan.spec
         if plan.workers:
-            wait_for_sshd(self.backend, plan.job_name, spec.startup_timeout, port=spec.ssh_port, clock=self.clock)
-        marks["sshd_ready"], timings["sshd_ready"] = self.clock(), _now()
-        self.emit(f"airflow-mpi: sshd ready on {len(plan.workers)} worker(s); starting mpiexec on {plan.master.name}")
-        self.backend.start_master(plan.job_name)
-        marks["mpiexec_started"], timings["mpiexec_started"] = self.clock(), _now()
-        status = self._stream(deadline=marks["mpiexec_started"] + spec.timeout)
-        marks["finished"], timings["finished"] = self.clock(), _now()
+            wait_for_sshd(self.backend, plan.job_name, spec.startup_timeout, port=spec.ssh_port)
+        self._mark("sshd_ready")
+
+    def start_master(self) -> None:
+        workers, master = len(self.plan.workers), self.plan.master.name
+        self.emit(f"airflow-mpi: sshd ready on {workers} worker(s); starting mpiexec on {master}")
+        self.backend.start_master(self.job_name)
+        self._mark("mpiexec_started")
+
+    def finish(self) -> JobResult:
+        """Stream the master's output until it ends, then the result (or the failure)."""
+        plan = self.plan
+        started = self.marks.get("mpiexec_started", time.time())
+        deadline = time.monotonic() + max(0.0, started + plan.spec.timeout - time.time())
+        status = self._stream(deadline=deadline)
+        self._mark("finished")
         self.emit(f"airflow-mpi: job {plan.job_name} {status.phase.value}")
         if status.phase is not JobPhase.SUCCEEDED:
             raise self._failure(status)
+        return self.result()
+
+    def result(self) -> JobResult:
+        marks = self.marks
+        order = ("submitted", "created", "sshd_ready", "mpiexec_started", "finished")
+        spans = {"create": ("submitted", "created"), "sshd_ready": ("created", "sshd_ready")}
+        spans.update(mpiexec=("mpiexec_started", "finished"), total=("submitted", "finished"))
         return JobResult(
-            job_name=plan.job_name,
+            job_name=self.plan.job_name,
             exit_code=0,
-            np=plan.topology.np,
-            hosts=[h.host for h in plan.topology.rank_hosts],
-            timings=timings,
+            np=self.plan.topology.np,
+            hosts=[h.host for h in self.plan.topology.rank_hosts],
+            timings={phase: _iso(marks[phase]) for phase in order if phase in marks},
             durations_s={
-                "create": round(marks["created"] - marks["start"], 3),
-                "sshd_ready": round(marks["sshd_ready"] - marks["created"], 3),
-                "mpiexec": round(marks["finished"] - marks["mpiexec_started"], 3),
-                "total": round(marks["finished"] - marks["start"], 3),
+                name: round(marks[b] - marks[a], 3) for name, (a, b) in spans.items() if a in marks and b in marks
             },
             result=self.output.result,
             lines=self.output.lines_seen,
@@ -195,13 +226,21 @@ class JobRunner:
 
     def _stream(self, deadline: float) -> JobStatus:
         """Forward the master's output live and watch the workers, until the master ends."""
-        next_watch = self.clock() + WATCH_INTERVAL
+        next_watch = time.monotonic() + WATCH_INTERVAL
+        shown = 0
         for batch in self.backend.follow_master(self.job_name, idle_tick=0.1):
             if batch:
                 self.output.feed(batch)
+                if shown < self.skip_lines:  # an earlier try showed these already
+                    skipped = min(len(batch), self.skip_lines - shown)
+                    shown += skipped
+                    batch = batch[skipped:]
                 for record in build_log_records(batch):
                     self.emit(record)
-            now = self.clock()
+                shown += len(batch)
+                if batch and self.on_progress is not None:
+                    self.on_progress(shown)
+            now = time.monotonic()
             if now >= deadline + TIMEOUT_GRACE:
                 raise JobTimeout(
                     f"MPI job {self.job_name} ran past its timeout of {self.plan.spec.timeout}s and was killed",
@@ -212,9 +251,8 @@ class JobRunner:
                 status = evaluate_job(self.backend.pod_states(self.job_name))
                 if status.phase is JobPhase.FAILED and status.failed_pod != self.plan.master.name:
                     raise _worker_failed(self.backend, self.job_name, status, "while training")
-        states = self.backend.pod_states(self.job_name)
-        status = evaluate_job(states)
-        if self.clock() >= deadline:
+        status = evaluate_job(self.backend.pod_states(self.job_name))
+        if time.monotonic() >= deadline:
             self.output.timed_out = True
         return status
 
@@ -288,3 +326,31 @@ def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | N
         return error.exit_code or 1 if isinstance(error, JobFailed) else 1
     emit(f"airflow-mpi: done in {result.durations_s['total']}s; result: {result.result}")
     return 0
+
+
+def resume_or_clean(backend: Backend, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan | None:
+    """On a retry, find the jobs earlier tries of this task instance left (a worker crash leaves
+    its job running). Reattach to the newest one that can still give the result (its master runs
+    or has ended); remove every other one. Never leaves two jobs for one task."""
+    find_jobs = getattr(backend, "find_jobs", None)
+    if find_jobs is None or identity.try_number <= 1:
+        return None
+    namespace = backend.namespace_for(render_plan(spec, identity))  # type: ignore[attr-defined]
+    adopted: JobPlan | None = None
+    for found in sorted(find_jobs(identity, namespace), key=lambda job: job.try_number, reverse=True):
+        earlier = render_plan(spec, dataclasses.replace(identity, try_number=found.try_number))
+        if adopted is None and found.try_number != identity.try_number and earlier.job_name == found.job_name:
+            states = backend.adopt(earlier, namespace)  # type: ignore[attr-defined]
+            status = evaluate_job(states)
+            master_there = any(state.name == earlier.master.name for state in states)
+            master_failed = status.phase is JobPhase.FAILED and status.failed_pod == earlier.master.name
+            if master_there and (status.phase in (JobPhase.RUNNING, JobPhase.SUCCEEDED) or master_failed):
+                log.info("reattaching to job %s of try %d", found.job_name, found.try_number)
+                adopted = earlier
+                continue
+        log.info("removing job %s left by try %d", found.job_name, found.try_number)
+        backend.teardown(found.job_name)
+        left = backend.leftovers(found.job_name)
+        if left:
+            log.error("removing %s left: %s", found.job_name, "; ".join(left))
+    return adopted

@@ -1,15 +1,19 @@
 """One state machine for a job: pod states -> job phase and, when it failed, the cause.
 
 The operator, the sensor and the triggers all decide through ``evaluate_job``; backends only
-report what each pod is doing (``PodState``).
+report what each pod is doing (``PodState``). Kubernetes pods become ``PodState`` here too
+(``pod_state_from_k8s``), and ``PodTable`` applies watch events, for the sync backend and the
+async trigger alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
+from airflow_mpi.naming import LABEL_ROLE
 from airflow_mpi.spec import Role
 
 # Waiting reasons that never fix themselves: fail at once with the pod's own message.
@@ -108,3 +112,90 @@ def evaluate_job(pods: Sequence[PodState]) -> JobStatus:
     if workers and not all(w.ready for w in workers):
         return JobStatus(JobPhase.STARTING)
     return JobStatus(JobPhase.READY)
+
+
+# --- Kubernetes pods -> PodState ----------------------------------------------------------------
+
+
+def pod_state_from_k8s(pod: Mapping[str, Any]) -> PodState:
+    """What a Kubernetes pod (as the API returns it, plain JSON) is doing."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    role = Role((meta.get("labels") or {}).get(LABEL_ROLE, Role.WORKER.value))
+    name = meta.get("name", "")
+    phase = (
+        PodPhase(status.get("phase", "Pending"))
+        if status.get("phase") in PodPhase._value2member_map_
+        else PodPhase.UNKNOWN
+    )
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    reason, message, exit_code = status.get("reason", ""), status.get("message", ""), None
+    containers = status.get("containerStatuses") or []
+    state = (containers[0].get("state") or {}) if containers else {}
+    if "terminated" in state:
+        terminated = state["terminated"]
+        exit_code = terminated.get("exitCode")
+        if not reason or terminated.get("reason") == "OOMKilled":
+            reason = terminated.get("reason", "")
+        message = message or terminated.get("message", "")
+    elif "waiting" in state and state["waiting"].get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+        reason = state["waiting"].get("reason", "")
+        message = state["waiting"].get("message", "")
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        reason, message = "Unschedulable", scheduled.get("message", "")
+    if reason == "Completed" and exit_code == 0:
+        reason = ""
+    return PodState(name, role, phase, ready=ready, exit_code=exit_code, reason=reason, message=message)
+
+
+class PodTable:
+    """The job's pods as a watch sees them: apply events, relist on 410, keep the resourceVersion."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Mapping[str, Any]] = {}
+        self.deleted: set[str] = set()
+        self.resource_version = ""
+        self.events = 0
+
+    def replace(self, items: list[Mapping[str, Any]], resource_version: str) -> None:
+        """A fresh list (the start, or after 410 Gone)."""
+        current = {item["metadata"]["name"]: item for item in items}
+        self.deleted |= set(self.pods) - set(current)
+        self.pods = current
+        self.resource_version = resource_version
+        self.events += 1
+
+    def apply(self, event: Mapping[str, Any]) -> bool:
+        """Apply one watch event; False when the watch expired (410): relist and watch again."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                return False
+            raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+        meta = obj.get("metadata") or {}
+        self.resource_version = meta.get("resourceVersion", self.resource_version)
+        if kind == "BOOKMARK":
+            return True
+        name = meta.get("name", "")
+        if kind == "DELETED":
+            self.pods.pop(name, None)
+            self.deleted.add(name)
+        else:
+            self.pods[name] = obj
+            self.deleted.discard(name)
+        self.events += 1
+        return True
+
+    def states(self, expected: Mapping[str, Role] | None = None) -> list[PodState]:
+        """Every pod's state; an expected pod that was deleted counts as failed, one not seen yet
+        as pending."""
+        states = [pod_state_from_k8s(pod) for pod in self.pods.values()]
+        for name, role in (expected or {}).items():
+            if name in self.pods:
+                continue
+            if name in self.deleted:
+                states.append(PodState(name, role, PodPhase.FAILED, reason="Deleted", message="the pod was deleted"))
+            else:
+                states.append(PodState(name, role, PodPhase.PENDING))
+        return states

@@ -11,8 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Not under /tmp: every local pod has a private /tmp, and the example's script must be visible.
@@ -34,6 +40,30 @@ os.environ["MPI_DEMO_DATA"] = str(DEMO_DATA)
 os.environ["AIRFLOW_CONN_MPI_DEFAULT"] = json.dumps(
     {"conn_type": "mpi", "extra": {"backend": "local", "state_dir": str(STATE_DIR)}}
 )
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def dagbag(airflow_db: None) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag()
+    assert not bag.import_errors, bag.import_errors
+    return bag
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[None]:
+    from tests.leaks import ours
+
+    yield
+    assert not ours(), f"leaked: {ours()}"
+    left = [p.name for p in STATE_DIR.iterdir() if p.name != ".lock"] if STATE_DIR.exists() else []
+    assert not left, f"local jobs left: {left}"
 
 
 def pytest_sessionfinish() -> None:

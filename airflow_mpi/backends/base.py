@@ -30,6 +30,9 @@ class Backend(Protocol):
     def pod_states(self, job_name: str) -> list[PodState]:
         """What every pod of the job is doing now."""
 
+    def wait_for_change(self, job_name: str, timeout: float) -> None:
+        """Block until something about the job's pods may have changed, or ``timeout``."""
+
     def start_master(self, job_name: str) -> None:
         """Start the master pod: its launch script checks the hosts again and execs mpiexec."""
 

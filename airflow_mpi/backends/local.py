@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -215,6 +216,9 @@ class LocalBackend:
             return []
         with ThreadPoolExecutor(max_workers=min(32, len(workers))) as pool:
             return list(pool.map(probe, workers))
+
+    def wait_for_change(self, job_name: str, timeout: float) -> None:
+        time.sleep(timeout)  # no events locally: readiness is probed
 
     def start_master(self, job_name: str) -> None:
         plan = self._plans[job_name]

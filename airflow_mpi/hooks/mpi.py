@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
 from airflow_mpi.backends.base import Backend
 from airflow_mpi.exceptions import BackendUnavailable
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "kubernetes")
 
 
 class MPIJobHook(BaseHook):
@@ -48,6 +48,13 @@ class MPIJobHook(BaseHook):
             from airflow_mpi.backends.local import LocalBackend
 
             return LocalBackend(state_dir=extras.get("state_dir"))
+        if kind == "kubernetes":
+            from airflow_mpi.backends.kubernetes import KubernetesBackend
+
+            return KubernetesBackend(
+                kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
+                namespace=extras.get("namespace"),
+            )
         raise BackendUnavailable(
             f"connection {self.mpi_conn_id!r}: backend {kind!r} is unknown; set its extra 'backend' to one of "
             f"{', '.join(BACKENDS)}"

@@ -8,26 +8,37 @@
 ``job`` is an ``MPIJobSpec`` or the same fields as a dict (templated). The task's run identity
 names the job, so retries, backfills and mapped tasks never collide. The master's output streams
 live into the task log; the return value (XCom) is a small result dict.
+
+On a retry after the Airflow worker died, the job the earlier try left is found by its labels:
+the task reattaches to it (the log goes on where that try's stopped, the result is the same) or,
+when it cannot, removes it and starts clean. ``deferrable=True`` (Kubernetes) waits for
+readiness and for the end in triggers, holding no worker slot.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from airflow_mpi.exceptions import BackendUnavailable, SpecError
+from airflow_mpi.backends.base import Backend
+from airflow_mpi.exceptions import BackendUnavailable, JobTimeout, SpecError
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.runner import JobRunner, resume_or_clean
 from airflow_mpi.spec import MPIJobSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+PROGRESS_KEY = "airflow_mpi"
+PROGRESS_EVERY = 1.0  # seconds between task_state_store updates of the lines shown
 
 
 class MPIJobOperator(BaseOperator):
@@ -35,6 +46,8 @@ class MPIJobOperator(BaseOperator):
 
     :param job: an ``MPIJobSpec``, or a dict with its fields (templated).
     :param mpi_conn_id: connection of type ``mpi`` choosing the backend; local if it does not exist.
+    :param deferrable: wait in triggers instead of a worker slot (Kubernetes backend).
+    :param reattach: on a retry, reattach to the job an earlier try left running.
     """
 
     template_fields: Sequence[str] = ("job", "mpi_conn_id")
@@ -46,6 +59,8 @@ class MPIJobOperator(BaseOperator):
         *,
         job: MPIJobSpec | Mapping[str, Any],
         mpi_conn_id: str = MPIJobHook.default_conn_name,
+        deferrable: bool = False,
+        reattach: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -57,20 +72,123 @@ class MPIJobOperator(BaseOperator):
             MPIJobSpec.from_dict(job)  # no templates: a bad spec fails the DAG import, not a run
         self.job = dict(job)
         self.mpi_conn_id = mpi_conn_id
+        self.deferrable = deferrable
+        self.reattach = reattach
         self._runner: JobRunner | None = None
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    # --- the flow -------------------------------------------------------------------------
+
+    def _prepare(self, context: Context) -> tuple[MPIJobSpec, RunIdentity, Backend]:
         try:
             spec = MPIJobSpec.from_dict(self.job)
-            plan = render_plan(spec, run_identity(context))
             backend = MPIJobHook(self.mpi_conn_id).get_backend()
         except (SpecError, BackendUnavailable) as error:
             raise AirflowFailException(str(error)) from error  # retrying cannot fix these
-        self._runner = JobRunner(backend, plan, emit=self._emit)
-        result = self._runner.run()
+        if self.deferrable and backend.name != "kubernetes":
+            raise AirflowFailException(
+                f"deferrable=True needs the kubernetes backend; connection {self.mpi_conn_id!r} gives the "
+                f"{backend.name} backend, whose pods live in the worker process: use deferrable=False"
+            )
+        return spec, run_identity(context), backend
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        spec, identity, backend = self._prepare(context)
+        try:
+            plan = render_plan(spec, identity)
+            adopted = resume_or_clean(backend, spec, identity) if self.reattach else None
+        except SpecError as error:
+            raise AirflowFailException(str(error)) from error
+        progress = _Progress(context)
+        if adopted is not None:
+            self.log.info("reattached to %s, left running by an earlier try", adopted.job_name)
+            plan = adopted
+        runner = self._runner = JobRunner(
+            backend,
+            plan,
+            emit=self._emit,
+            skip_lines=progress.shown(plan.job_name) if adopted is not None else 0,
+            on_progress=progress.saver(plan.job_name),
+        )
+        if self.deferrable:
+            return self._defer_start(runner, adopted is not None)
+        result = runner.run(adopted=adopted is not None)
+        progress.clear()
         self.log.info(
             "MPI job %s succeeded in %ss (%s ranks)", result.job_name, result.durations_s.get("total"), result.np
         )
+        return result.to_dict()
+
+    def _defer_start(self, runner: JobRunner, adopted: bool) -> dict[str, Any]:
+        if adopted:
+            self._defer(runner, "finished")
+        try:
+            runner.create()
+        except BaseException:
+            runner.teardown()
+            raise
+        self._defer(runner, "ready")
+        raise AssertionError("unreachable: defer() raises")
+
+    def _defer(self, runner: JobRunner, wait_for: str) -> None:
+        from airflow_mpi.triggers.mpi import MPIJobTrigger
+
+        plan, backend = runner.plan, runner.backend
+        spec = plan.spec
+        timeout = spec.startup_timeout if wait_for == "ready" else spec.timeout
+        self.defer(
+            trigger=MPIJobTrigger(
+                job_name=plan.job_name,
+                namespace=backend.namespace_for(plan),  # type: ignore[attr-defined]
+                kubernetes_conn_id=backend.kubernetes_conn_id,  # type: ignore[attr-defined]
+                wait_for=wait_for,
+                deadline=time.time() + timeout,
+                worker_pods=[w.name for w in plan.workers],
+                master_pod=plan.master.name,
+                timeout=timeout,
+                ssh_port=spec.ssh_port,
+                try_number=plan.identity.try_number,
+                marks=runner.marks,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=timeout + 300),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resumed from the trigger: start the master (workers ready), or collect the end."""
+        job_name, marks, try_number = event["job_name"], event.get("marks") or {}, int(event["try_number"])
+        spec, identity, backend = self._prepare(context)
+        plan = render_plan(spec, RunIdentity(**{**identity.__dict__, "try_number": try_number}))
+        if plan.job_name != job_name:
+            raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
+        progress = _Progress(context)
+        backend.adopt(plan, backend.namespace_for(plan))  # type: ignore[attr-defined]
+        runner = self._runner = JobRunner(
+            backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name)
+        )
+        runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
+        try:
+            if event["status"] == "ready":
+                runner.marks["sshd_ready"] = float(event["at"])
+                runner.start_master()
+                self._defer(runner, "finished")
+            if event["status"] == "timeout" and event["wait_for"] == "ready":
+                raise AirflowFailException(f"MPI job {job_name}: {event['reason']}")
+            if event["status"] == "timeout":
+                tail = backend.pod_log_tail(job_name, plan.master.name, 15)
+                shown = "\n".join(f"  | {line}" for line in tail)
+                raise JobTimeout(
+                    f"MPI job {job_name} ran past its timeout of {spec.timeout}s and was killed\n"
+                    f"last lines of {plan.master.name}:\n{shown}",
+                    tail=tail,
+                )
+            result = runner.finish()
+        except TaskDeferred:
+            raise  # the job lives on: no teardown
+        except BaseException:
+            runner.teardown()
+            raise
+        runner.teardown()
+        progress.clear()
         return result.to_dict()
 
     def _emit(self, text: str) -> None:
@@ -82,6 +200,46 @@ class MPIJobOperator(BaseOperator):
             self.log.info(
                 "task killed: MPI job %s removed%s", self._runner.job_name, f" (left: {left})" if left else ""
             )
+
+
+class _Progress:
+    """How many master log lines this task instance has shown, in Airflow 3.3's task_state_store,
+    so a retry that reattaches goes on where the log stopped. Without a store it is a no-op."""
+
+    def __init__(self, context: Context) -> None:
+        try:
+            self.store: Any = context.get("task_state_store")
+        except Exception:
+            self.store = None
+
+    def shown(self, job_name: str) -> int:
+        try:
+            value = self.store.get(PROGRESS_KEY) if self.store is not None else None
+        except Exception:
+            return 0
+        return int(value.get("lines", 0)) if isinstance(value, dict) and value.get("job") == job_name else 0
+
+    def saver(self, job_name: str) -> Callable[[int], None]:
+        last = [0.0]
+
+        def save(lines: int) -> None:
+            now = time.monotonic()
+            if self.store is None or now - last[0] < PROGRESS_EVERY:
+                return
+            last[0] = now
+            try:
+                self.store.set(PROGRESS_KEY, {"job": job_name, "lines": lines})
+            except Exception:
+                self.store = None  # not available here (e.g. an old Airflow): stop trying
+
+        return save
+
+    def clear(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.delete(PROGRESS_KEY)
+            except Exception:
+                self.store = None
 
 
 def run_identity(context: Context) -> RunIdentity:

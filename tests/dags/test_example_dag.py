@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.dags.conftest import task_states, xcom
+from tests.airflow_helpers import task_states, xcom
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_mpi.exceptions import SpecError
-from tests.dags.conftest import task_states, xcom
+from tests.airflow_helpers import task_states, xcom
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

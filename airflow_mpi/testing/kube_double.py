@@ -1,0 +1,903 @@
+"""A Kubernetes API double for tests and benchmarks: real HTTP on 127.0.0.1, real API paths and JSON.
+
+No kube-apiserver can be installed on the machines this project is built on, so the Kubernetes
+backend is tested against this: the ``kubernetes`` client talks to it exactly as to a cluster.
+
+What it speaks (core/v1, namespaced): create, get, list, watch (chunked, resourceVersion,
+bookmarks, 410 Gone past its history), delete (Background/Foreground/Orphan with ownerReference
+garbage collection), label and field selectors, 404/409/422 errors, pod status transitions
+(Pending -> Running -> Ready -> Succeeded/Failed with exit codes and reasons), events, and
+``pods/{name}/log`` with ``follow``, ``timestamps``, ``sinceTime`` (chunked).
+
+Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
+``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
+
+Fault knobs: ``fail_requests`` (e.g. 500 on the N-th create), ``drop_log_streams`` (cut a log
+stream after K lines), ``expire_watches`` (410), ``clock_offset`` (the node's clock against
+this machine's), and the scripted kubelet's per-pod faults (image pull error, unschedulable,
+evicted, OOMKilled, exit codes).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import queue
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlparse
+
+KINDS = {"pods": "Pod", "services": "Service", "secrets": "Secret", "configmaps": "ConfigMap", "events": "Event"}
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+HISTORY = 20_000  # watch events kept; older resourceVersions get 410 Gone
+
+Obj = dict[str, Any]
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_nano(ns: int) -> str:
+    """The kubelet's log timestamp: Go's RFC3339Nano, trailing zeros trimmed."""
+    seconds, nanos = divmod(ns, 1_000_000_000)
+    base = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{nanos:09d}".rstrip("0")
+    return f"{base}.{fraction}Z" if fraction else f"{base}Z"
+
+
+def parse_time_seconds(text: str) -> int:
+    """A ``sinceTime`` as the API server reads it: RFC3339, kept to whole seconds."""
+    clean = re.sub(r"\.\d+", "", text).replace("Z", "+00:00")
+    return int(datetime.fromisoformat(clean).timestamp())
+
+
+def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "details": details or {},
+        "code": code,
+    }
+
+
+def match_labels(selector: str, labels: dict[str, str]) -> bool:
+    """Equality- and existence-based label selectors (``a=b,c!=d,e,!f``)."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "==" in term or "=" in term:
+            key, value = re.split("==?", term, maxsplit=1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def match_fields(selector: str, obj: Obj) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, value = re.split("==?", term, maxsplit=1)
+        current: Any = obj
+        for part in key.split("."):
+            current = current.get(part) if isinstance(current, dict) else None
+        if str(current) != value:
+            return False
+    return True
+
+
+@dataclass
+class LogBuffer:
+    """One container's log: (node timestamp ns, line); readers wait on the condition."""
+
+    lines: list[tuple[int, str]] = field(default_factory=list)
+    done: bool = False
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def append(self, ns: int, line: str) -> None:
+        with self.cond:
+            self.lines.append((ns, line))
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.done = True
+            self.cond.notify_all()
+
+
+class Kubelet(Protocol):
+    def start(self, double: KubeDouble, pod: Obj) -> None:
+        """A pod was created: schedule and run it (in the background)."""
+
+    def stop(self, double: KubeDouble, pod: Obj) -> None:
+        """A pod is being deleted: end its processes (returns when they are gone)."""
+
+    def shutdown(self) -> None:
+        """The double stops: end everything."""
+
+
+@dataclass
+class _Fault:
+    method: str | None
+    path: re.Pattern[str] | None
+    status: int
+    remaining: int
+    skip: int
+    retry_after: int | None
+
+
+class KubeDouble:
+    def __init__(self, kubelet: Kubelet | None = None, *, clock_offset: float = 0.0) -> None:
+        self.kubelet: Kubelet = kubelet or ScriptedKubelet()
+        self.clock_offset = clock_offset  # the node's clock minus this machine's, in seconds
+        self.objects: dict[tuple[str, str, str], Obj] = {}
+        self.logs: dict[tuple[str, str], LogBuffer] = {}
+        self.history: deque[tuple[int, str, str, Obj]] = deque(maxlen=HISTORY)
+        self.requests: list[tuple[str, str]] = []
+        self.created: list[Obj] = []  # every body POSTed, for schema checks
+        self._rv = 1000
+        self._min_rv = 0  # watches from below this get 410 Gone
+        self._lock = threading.RLock()
+        self._watchers: list[tuple[str, str, queue.Queue[Any]]] = []
+        self._faults: list[_Fault] = []
+        self._log_drops: list[list[int]] = []  # [after_lines, times left]
+        self._server: ThreadingHTTPServer | None = None
+        self._gc_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # --- server ---------------------------------------------------------------------------
+
+    def start(self) -> str:
+        handler = type("Handler", (_Handler,), {"double": self})
+        self._server = _Server(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._server.request_queue_size = 1024
+        thread = threading.Thread(target=self._server.serve_forever, name="kube-double", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        gc = threading.Thread(target=self._collect_garbage, name="kube-double-gc", daemon=True)
+        gc.start()
+        self._threads.append(gc)
+        return self.url
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self._gc_stop.set()
+        self.kubelet.shutdown()
+        with self._lock:
+            for _, _, q in self._watchers:
+                q.put(None)
+        for buffer in list(self.logs.values()):
+            buffer.close()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def kubeconfig(self, namespace: str = "default") -> Obj:
+        """A kubeconfig for this double (e.g. the ``kube_config`` extra of an Airflow connection)."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "double", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": "double-token"}}],
+            "contexts": [
+                {"name": "double", "context": {"cluster": "double", "user": "tester", "namespace": namespace}}
+            ],
+            "current-context": "double",
+        }
+
+    # --- knobs ----------------------------------------------------------------------------
+
+    def fail_requests(
+        self,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        status: int = 500,
+        count: int = 1,
+        skip: int = 0,
+        retry_after: int | None = None,
+    ) -> None:
+        """The next ``count`` requests matching ``method``/``path`` (regex), after ``skip`` of them, fail."""
+        with self._lock:
+            self._faults.append(_Fault(method, re.compile(path) if path else None, status, count, skip, retry_after))
+
+    def drop_log_streams(self, after_lines: int, times: int = 1) -> None:
+        """Cut the next ``times`` log streams abruptly after ``after_lines`` lines each."""
+        with self._lock:
+            self._log_drops.append([after_lines, times])
+
+    def expire_watches(self) -> None:
+        """Compact history: open watches get a 410 ERROR event, old resourceVersions get 410."""
+        with self._lock:
+            self._min_rv = self._rv + 1
+            for _, _, q in self._watchers:
+                q.put("expired")
+
+    def request_count(self, method: str | None = None, path: str = "") -> int:
+        return sum(1 for m, p in self.requests if (method is None or m == method) and path in p)
+
+    def node_time_ns(self) -> int:
+        return time.time_ns() + int(self.clock_offset * 1e9)
+
+    # --- store ----------------------------------------------------------------------------
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _emit(self, event: str, plural: str, obj: Obj) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        snapshot = copy.deepcopy(obj)
+        self.history.append((rv, event, plural, snapshot))
+        for watch_plural, namespace, q in self._watchers:
+            if watch_plural == plural and namespace in ("", obj["metadata"].get("namespace")):
+                q.put((rv, event, snapshot))
+
+    def get(self, plural: str, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            obj = self.objects.get((plural, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def list_objects(self, plural: str, namespace: str = "", label_selector: str = "") -> list[Obj]:
+        with self._lock:
+            return [
+                copy.deepcopy(o)
+                for (p, ns, _), o in self.objects.items()
+                if p == plural
+                and namespace in ("", ns)
+                and match_labels(label_selector, o["metadata"].get("labels", {}))
+            ]
+
+    def create(self, plural: str, namespace: str, body: Obj) -> Obj:
+        """Store a new object (what POST does); raises ``ApiError`` for 409/422."""
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name") or (
+            meta.get("generateName", "") + uuid.uuid4().hex[:5] if meta.get("generateName") else ""
+        )
+        problems = self._invalid(plural, name, body)
+        if problems:
+            raise ApiError(422, "Invalid", f'{KINDS[plural]} "{name}" is invalid: {"; ".join(problems)}')
+        with self._lock:
+            key = (plural, namespace, name)
+            if key in self.objects:
+                raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists')
+            meta.update(
+                name=name,
+                namespace=namespace,
+                uid=str(uuid.uuid4()),
+                resourceVersion=self._next_rv(),
+                creationTimestamp=rfc3339(time.time()),
+            )
+            body.setdefault("apiVersion", "v1")
+            body.setdefault("kind", KINDS[plural])
+            if plural == "pods":
+                body["status"] = {"phase": "Pending", "qosClass": "Guaranteed"}
+                self.logs[(namespace, name)] = LogBuffer()
+            if plural == "secrets" and "stringData" in body:
+                data = body.setdefault("data", {})
+                for key_, value in body.pop("stringData").items():
+                    data[key_] = base64.b64encode(value.encode()).decode()
+            self.objects[key] = body
+            self._emit("ADDED", plural, body)
+            stored = copy.deepcopy(body)
+        if plural == "pods":
+            self._spawn(self.kubelet.start, self, copy.deepcopy(stored))
+        return stored
+
+    def _invalid(self, plural: str, name: str, body: Obj) -> list[str]:
+        problems = []
+        if not name:
+            problems.append("metadata.name: Required value")
+        elif len(name) > 253 or not NAME.match(name):
+            problems.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain")
+        if plural == "services" and (len(name) > 63 or "." in name):
+            problems.append("metadata.name: a DNS-1035 label must be no more than 63 characters")
+        if plural == "pods":
+            spec = body.get("spec") or {}
+            if not spec.get("containers"):
+                problems.append("spec.containers: Required value")
+            for container in spec.get("containers", []):
+                if not container.get("image"):
+                    problems.append(f"spec.containers[{container.get('name')}].image: Required value")
+            if "hostname" in spec and (len(spec["hostname"]) > 63 or not NAME.match(spec["hostname"])):
+                problems.append("spec.hostname: must be a DNS-1123 label")
+        for owner in body.get("metadata", {}).get("ownerReferences", []):
+            if not owner.get("uid"):
+                problems.append("metadata.ownerReferences.uid: Required value")
+        return problems
+
+    def update_pod_status(self, namespace: str, name: str, change: Callable[[Obj], None]) -> Obj | None:
+        """Kubelet side: change a pod's status in place and tell the watches."""
+        with self._lock:
+            pod = self.objects.get(("pods", namespace, name))
+            if pod is None:
+                return None
+            change(pod)
+            pod["metadata"]["resourceVersion"] = self._next_rv()
+            self._emit("MODIFIED", "pods", pod)
+            return copy.deepcopy(pod)
+
+    def record_event(self, namespace: str, pod: Obj, reason: str, message: str, kind: str = "Normal") -> None:
+        name = f"{pod['metadata']['name']}.{uuid.uuid4().hex[:12]}"
+        body = {
+            "metadata": {"name": name},
+            "involvedObject": {
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": pod["metadata"]["name"],
+                "uid": pod["metadata"].get("uid"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "count": 1,
+            "firstTimestamp": rfc3339(time.time()),
+            "lastTimestamp": rfc3339(time.time()),
+            "source": {"component": "kubelet" if reason != "FailedScheduling" else "default-scheduler"},
+        }
+        self.create("events", namespace, body)
+
+    def delete(self, plural: str, namespace: str, name: str, propagation: str = "Background") -> Obj:
+        with self._lock:
+            obj = self.objects.get((plural, namespace, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            if obj["metadata"].get("deletionTimestamp"):
+                return copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = rfc3339(time.time())
+            if propagation == "Foreground":
+                obj["metadata"]["finalizers"] = ["foregroundDeletion"]
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._emit("MODIFIED", plural, obj)
+            snapshot = copy.deepcopy(obj)
+        self._spawn(self._finish_delete, plural, namespace, name, propagation)
+        return snapshot
+
+    def _finish_delete(self, plural: str, namespace: str, name: str, propagation: str) -> None:
+        with self._lock:
+            obj = self.objects.get((plural, namespace, name))
+        if obj is None:
+            return
+        uid = obj["metadata"]["uid"]
+        if propagation == "Foreground":
+            for dependent in self._dependents(uid):
+                kind_plural = _plural(dependent["kind"])
+                try:
+                    self.delete(
+                        kind_plural, dependent["metadata"]["namespace"], dependent["metadata"]["name"], "Foreground"
+                    )
+                except ApiError:
+                    pass
+            deadline = time.monotonic() + 30
+            while self._dependents(uid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if plural == "pods":
+            self.kubelet.stop(self, copy.deepcopy(obj))
+            buffer = self.logs.get((namespace, name))
+            if buffer is not None:
+                buffer.close()
+        with self._lock:
+            obj = self.objects.pop((plural, namespace, name), None)
+            if obj is None:
+                return
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._emit("DELETED", plural, obj)
+            if plural == "pods":
+                self.logs.pop((namespace, name), None)
+        if propagation == "Orphan":
+            with self._lock:
+                for dependent in self._dependents(uid):
+                    dependent["metadata"]["ownerReferences"] = [
+                        r for r in dependent["metadata"]["ownerReferences"] if r.get("uid") != uid
+                    ]
+
+    def _dependents(self, uid: str) -> list[Obj]:
+        with self._lock:
+            return [
+                o
+                for o in self.objects.values()
+                if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", []))
+            ]
+
+    def _collect_garbage(self) -> None:
+        """Background GC: delete objects all of whose owners are gone (as kube-controller-manager)."""
+        while not self._gc_stop.wait(0.05):
+            with self._lock:
+                uids = {o["metadata"]["uid"] for o in self.objects.values()}
+                orphans = [
+                    (_plural(o["kind"]), o["metadata"]["namespace"], o["metadata"]["name"])
+                    for o in self.objects.values()
+                    if o["metadata"].get("ownerReferences")
+                    and not o["metadata"].get("deletionTimestamp")
+                    and all(ref.get("uid") not in uids for ref in o["metadata"]["ownerReferences"])
+                ]
+            for plural, namespace, name in orphans:
+                try:
+                    self.delete(plural, namespace, name)
+                except ApiError:
+                    pass
+
+    def _spawn(self, target: Callable[..., Any], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+
+    # --- watches and logs (generators the handler streams) ------------------------------
+
+    def watch(
+        self, plural: str, namespace: str, selector: str, fields: str, resource_version: str, timeout: float
+    ) -> Iterator[Obj]:
+        q: queue.Queue[Any] = queue.Queue()
+        with self._lock:
+            start_rv = int(resource_version or 0)
+            if resource_version and start_rv < self._min_rv:
+                yield {"type": "ERROR", "object": status_body(410, "Expired", f"too old resource version: {start_rv}")}
+                return
+            if not resource_version or start_rv == 0:
+                backlog = [
+                    (int(o["metadata"]["resourceVersion"]), "ADDED", copy.deepcopy(o))
+                    for (p, ns, _), o in self.objects.items()
+                    if p == plural and namespace in ("", ns)
+                ]
+            else:
+                backlog = [
+                    (rv, event, obj)
+                    for rv, event, p, obj in self.history
+                    if p == plural and rv > start_rv and namespace in ("", obj["metadata"].get("namespace"))
+                ]
+            entry = (plural, namespace, q)
+            self._watchers.append(entry)
+        try:
+            for _rv, event, obj in sorted(backlog, key=lambda e: e[0]):
+                if self._selected(obj, selector, fields):
+                    yield {"type": event, "object": obj}
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                try:
+                    item = q.get(timeout=min(remaining, 1.0))
+                except queue.Empty:
+                    continue
+                if item is None:
+                    return
+                if item == "expired":
+                    yield {"type": "ERROR", "object": status_body(410, "Expired", "too old resource version")}
+                    return
+                _rv, event, obj = item
+                if self._selected(obj, selector, fields):
+                    yield {"type": event, "object": obj}
+        finally:
+            with self._lock:
+                self._watchers.remove(entry)
+
+    @staticmethod
+    def _selected(obj: Obj, selector: str, fields: str) -> bool:
+        return match_labels(selector, obj["metadata"].get("labels", {})) and (not fields or match_fields(fields, obj))
+
+    def take_log_drop(self) -> int | None:
+        with self._lock:
+            for drop in self._log_drops:
+                if drop[1] > 0:
+                    drop[1] -= 1
+                    return drop[0]
+        return None
+
+    def check_fault(self, method: str, path: str) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.remaining <= 0:
+                    continue
+                if (fault.method is None or fault.method == method) and (fault.path is None or fault.path.search(path)):
+                    if fault.skip > 0:
+                        fault.skip -= 1
+                        continue
+                    fault.remaining -= 1
+                    return fault
+        return None
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients that hang up (a stopped watch, a dropped log) are normal here."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError | OSError):
+            super().handle_error(request, client_address)
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+def _flag(query: dict[str, str], name: str) -> bool:
+    """Booleans as Go's strconv.ParseBool reads them (the Python client sends "True")."""
+    return query.get(name, "").lower() in ("1", "t", "true")
+
+
+def _plural(kind: str) -> str:
+    return {v: k for k, v in KINDS.items()}[kind]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    double: KubeDouble
+    protocol_version = "HTTP/1.1"
+    ROUTE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _send_json(self, code: int, body: Obj, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _start_chunked(self, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _body(self) -> Obj:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}") if length else {}
+
+    def _route(self, method: str) -> None:
+        double = self.double
+        url = urlparse(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        double.requests.append((method, self.path))
+        fault = double.check_fault(method, self.path)
+        if fault is not None:
+            if method in ("POST", "PUT", "PATCH"):
+                self._body()
+            headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
+            self._send_json(fault.status, status_body(fault.status, "InternalError", "injected fault"), headers)
+            return
+        match = self.ROUTE.match(url.path)
+        if not match or match["plural"] not in KINDS:
+            self._send_json(404, status_body(404, "NotFound", f"the server could not find {url.path}"))
+            return
+        namespace, plural, name = match["ns"], match["plural"], match["name"]
+        try:
+            if match["log"]:
+                if plural != "pods" or method != "GET":
+                    raise ApiError(405, "MethodNotAllowed", "only GET pods/log")
+                self._logs(namespace, name, query)
+            elif method == "POST" and not name:
+                body = self._body()
+                self.double.created.append(copy.deepcopy(body))
+                self._send_json(201, double.create(plural, namespace, body))
+            elif method == "GET" and name:
+                obj = double.get(plural, namespace, name)
+                if obj is None:
+                    raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+                self._send_json(200, obj)
+            elif method == "GET":
+                if _flag(query, "watch"):
+                    self._watch(plural, namespace, query)
+                else:
+                    self._list(plural, namespace, query)
+            elif method == "DELETE" and name:
+                body = self._body()
+                propagation = body.get("propagationPolicy") or query.get("propagationPolicy") or "Background"
+                self._send_json(200, double.delete(plural, namespace, name, propagation))
+            else:
+                raise ApiError(405, "MethodNotAllowed", f"{method} {url.path}")
+        except ApiError as error:
+            self._send_json(error.code, status_body(error.code, error.reason, error.message))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _list(self, plural: str, namespace: str, query: dict[str, str]) -> None:
+        items = [
+            o
+            for o in self.double.list_objects(plural, namespace, query.get("labelSelector", ""))
+            if not query.get("fieldSelector") or match_fields(query["fieldSelector"], o)
+        ]
+        with self.double._lock:
+            rv = str(self.double._rv)
+        self._send_json(
+            200,
+            {"kind": f"{KINDS[plural]}List", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items},
+        )
+
+    def _watch(self, plural: str, namespace: str, query: dict[str, str]) -> None:
+        self._start_chunked("application/json")
+        events = self.double.watch(
+            plural,
+            namespace,
+            query.get("labelSelector", ""),
+            query.get("fieldSelector", ""),
+            query.get("resourceVersion", ""),
+            float(query.get("timeoutSeconds") or 300),
+        )
+        for event in events:
+            self._chunk(json.dumps(event).encode() + b"\n")
+        self._end_chunks()
+
+    def _logs(self, namespace: str, name: str, query: dict[str, str]) -> None:
+        double = self.double
+        pod = double.get("pods", namespace, name)
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        container = (pod["spec"].get("containers") or [{}])[0].get("name", "")
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        state = statuses[0].get("state", {}) if statuses else {}
+        if "running" not in state and "terminated" not in state:
+            reason = state.get("waiting", {}).get("reason", "ContainerCreating")
+            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+        buffer = double.logs.get((namespace, name))
+        if buffer is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        follow = _flag(query, "follow")
+        timestamps = _flag(query, "timestamps")
+        since_ns = parse_time_seconds(query["sinceTime"]) * 1_000_000_000 if query.get("sinceTime") else 0
+        drop_after = double.take_log_drop() if follow else None
+        self._start_chunked("text/plain")
+        index, sent = 0, 0
+        while True:
+            with buffer.cond:
+                while index >= len(buffer.lines) and not buffer.done and follow:
+                    buffer.cond.wait(1.0)
+                batch = buffer.lines[index:]
+                index = len(buffer.lines)
+                finished = buffer.done or not follow
+            out = []
+            for ns, line in batch:
+                if ns < since_ns:
+                    continue
+                out.append(f"{rfc3339_nano(ns)} {line}\n" if timestamps else f"{line}\n")
+                sent += 1
+                if drop_after is not None and sent >= drop_after:
+                    if out:
+                        self._chunk("".join(out).encode())
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(2)  # an abrupt cut: no terminating chunk
+                    return
+            if out:
+                self._chunk("".join(out).encode())
+            if finished and index >= len(buffer.lines):
+                break
+        self._end_chunks()
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_DELETE(self) -> None:
+        self._route("DELETE")
+
+
+# --- the scripted kubelet ---------------------------------------------------------------------
+
+
+@dataclass
+class PodScript:
+    """What a scripted pod does. Workers by default: Running and Ready until deleted."""
+
+    schedule_delay: float = 0.0
+    unschedulable: str | None = None  # scheduler message, e.g. "0/3 nodes are available: ..."
+    image_error: str | None = None  # waiting reason, e.g. "ErrImagePull" or "ImagePullBackOff"
+    crash_loop: bool = False
+    start_delay: float = 0.0
+    ready_delay: float = 0.0
+    lines: Callable[[], Iterator[str]] | None = None  # output; None: nothing
+    exit_code: int | None = None  # None: run until deleted
+    fail_after: float | None = None  # then terminate with fail_reason/fail_exit_code
+    fail_reason: str = "Error"
+    fail_exit_code: int = 1
+    evicted_after: float | None = None
+
+
+class ScriptedKubelet:
+    """Plays pods by script: ``script(pod) -> PodScript`` (default: run and be Ready)."""
+
+    def __init__(self, script: Callable[[Obj], PodScript] | None = None) -> None:
+        self.script = script or (lambda pod: PodScript())
+        self._stopped: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def _alive(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            return (namespace, name) not in self._stopped
+
+    def start(self, double: KubeDouble, pod: Obj) -> None:
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        script = self.script(pod)
+        container = pod["spec"]["containers"][0]
+        image = container.get("image", "")
+        if script.schedule_delay:
+            time.sleep(script.schedule_delay)
+        if script.unschedulable:
+            double.update_pod_status(namespace, name, lambda p: _set_unschedulable(p, script.unschedulable or ""))
+            double.record_event(namespace, pod, "FailedScheduling", script.unschedulable, "Warning")
+            return
+        double.update_pod_status(namespace, name, lambda p: _set_scheduled(p, container["name"], image))
+        if script.image_error:
+            message = (
+                f'Back-off pulling image "{image}"'
+                if "BackOff" in script.image_error
+                else (f'Failed to pull image "{image}": not found')
+            )
+            double.update_pod_status(namespace, name, lambda p: _set_waiting(p, script.image_error or "", message))
+            double.record_event(namespace, pod, "Failed", message, "Warning")
+            return
+        if script.crash_loop:
+            double.update_pod_status(
+                namespace,
+                name,
+                lambda p: _set_waiting(p, "CrashLoopBackOff", "back-off 10s restarting failed container"),
+            )
+            return
+        if script.start_delay:
+            time.sleep(script.start_delay)
+        if not self._alive(namespace, name):
+            return
+        double.update_pod_status(namespace, name, lambda p: _set_running(p, ready=False))
+        has_probe = bool(container.get("readinessProbe"))
+        if has_probe:
+            if script.ready_delay:
+                time.sleep(script.ready_delay)
+            double.update_pod_status(namespace, name, lambda p: _set_running(p, ready=True))
+        buffer = double.logs.get((namespace, name))
+        started = time.monotonic()
+        if script.lines is not None and buffer is not None:
+            for line in script.lines():
+                if not self._alive(namespace, name):
+                    return
+                buffer.append(double.node_time_ns(), line)
+        timed = [t for t in (script.fail_after, script.evicted_after) if t is not None]
+        if script.exit_code is not None or timed:
+            wait = min(timed) - (time.monotonic() - started) if timed else 0.0
+            end = time.monotonic() + max(wait, 0.0)
+            while time.monotonic() < end:
+                if not self._alive(namespace, name):
+                    return
+                time.sleep(0.01)
+            if not self._alive(namespace, name):
+                return
+            if script.evicted_after is not None and (
+                script.fail_after is None or script.evicted_after <= script.fail_after
+            ):
+                double.update_pod_status(namespace, name, _set_evicted)
+                double.record_event(namespace, pod, "Evicted", "The node was low on resource: memory.", "Warning")
+            elif timed:
+                code, reason = script.fail_exit_code, script.fail_reason
+                double.update_pod_status(namespace, name, lambda p: _set_terminated(p, code, reason))
+            else:
+                code = script.exit_code or 0
+                double.update_pod_status(
+                    namespace, name, lambda p: _set_terminated(p, code, "Completed" if code == 0 else "Error")
+                )
+            if buffer is not None:
+                buffer.close()
+
+    def stop(self, double: KubeDouble, pod: Obj) -> None:
+        with self._lock:
+            self._stopped.add((pod["metadata"]["namespace"], pod["metadata"]["name"]))
+
+    def shutdown(self) -> None:
+        pass
+
+
+# --- pod status builders (shared with the real kubelet) ---------------------------------------
+
+
+def _conditions(scheduled: bool, ready: bool, reason: str = "", message: str = "") -> list[Obj]:
+    now = rfc3339(time.time())
+    scheduled_condition: Obj = {
+        "type": "PodScheduled",
+        "status": "True" if scheduled else "False",
+        "lastTransitionTime": now,
+    }
+    if reason:
+        scheduled_condition.update(reason=reason, message=message)
+    return [
+        scheduled_condition,
+        {"type": "Initialized", "status": "True" if scheduled else "False", "lastTransitionTime": now},
+        {"type": "ContainersReady", "status": "True" if ready else "False", "lastTransitionTime": now},
+        {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now},
+    ]
+
+
+def _container_status(pod: Obj, state: Obj, ready: bool = False) -> list[Obj]:
+    container = pod["spec"]["containers"][0]
+    return [
+        {
+            "name": container["name"],
+            "image": container.get("image", ""),
+            "imageID": "",
+            "ready": ready,
+            "started": "running" in state,
+            "restartCount": 0,
+            "state": state,
+        }
+    ]
+
+
+def _set_unschedulable(pod: Obj, message: str) -> None:
+    pod["status"] = {"phase": "Pending", "conditions": _conditions(False, False, "Unschedulable", message)}
+
+
+def _set_scheduled(pod: Obj, container: str, image: str) -> None:
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": _conditions(True, False),
+        "containerStatuses": _container_status(pod, {"waiting": {"reason": "ContainerCreating"}}),
+        "hostIP": "192.0.2.10",
+        "startTime": rfc3339(time.time()),
+    }
+
+
+def _set_waiting(pod: Obj, reason: str, message: str) -> None:
+    pod["status"]["containerStatuses"] = _container_status(pod, {"waiting": {"reason": reason, "message": message}})
+
+
+def _set_running(pod: Obj, ready: bool, ip: str | None = None) -> None:
+    status = pod["status"]
+    status["phase"] = "Running"
+    status["conditions"] = _conditions(True, ready)
+    status["containerStatuses"] = _container_status(pod, {"running": {"startedAt": rfc3339(time.time())}}, ready)
+    status["podIP"] = ip or status.get("podIP") or "10.96.0.1"
+
+
+def _set_terminated(pod: Obj, exit_code: int, reason: str) -> None:
+    status = pod["status"]
+    status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+    status["conditions"] = _conditions(True, False)
+    status["containerStatuses"] = _container_status(
+        pod,
+        {"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": rfc3339(time.time())}},
+    )
+
+
+def _set_evicted(pod: Obj) -> None:
+    status = pod["status"]
+    status.update(phase="Failed", reason="Evicted", message="The node was low on resource: memory.")
+    status["conditions"] = _conditions(True, False)
+    status["containerStatuses"] = _container_status(
+        pod, {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": rfc3339(time.time())}}
+    )

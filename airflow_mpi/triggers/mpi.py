@@ -1,0 +1,187 @@
+"""Deferrable waits of MPIJobOperator on Kubernetes: until every worker is Ready, or until the job
+ends, without holding a worker slot.
+
+One watch over the job's pods (async client), the same ``PodTable`` and ``evaluate_job`` as the
+synchronous backend: the trigger decides nothing of its own. ``serialize()`` returns primitives
+only. A user kill (``on_kill``) deletes the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_mpi.naming import job_selector
+from airflow_mpi.readiness import probes_from_states, summarize_not_ready
+from airflow_mpi.spec import Role
+from airflow_mpi.status import JobPhase, PodTable, evaluate_job
+
+WAIT_READY = "ready"
+WAIT_FINISHED = "finished"
+WATCH_SECONDS = 60
+
+
+class MPIJobTrigger(BaseTrigger):
+    """Fires once: ``{"status": "ready" | "finished" | "failed" | "timeout", ...}``."""
+
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        namespace: str,
+        kubernetes_conn_id: str,
+        wait_for: str,
+        deadline: float,
+        worker_pods: list[str],
+        master_pod: str,
+        timeout: float,
+        ssh_port: int = 22,
+        try_number: int = 1,
+        marks: dict[str, float] | None = None,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.job_name = job_name
+        self.namespace = namespace
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.wait_for = wait_for
+        self.deadline = deadline  # epoch seconds
+        self.worker_pods = list(worker_pods)
+        self.master_pod = master_pod
+        self.timeout = timeout  # what the deadline stands for, for the message
+        self.ssh_port = ssh_port
+        # Handed back in the event: the operator resumes as a new object that knows nothing.
+        self.try_number = try_number
+        self.marks = dict(marks or {})
+        self._fired = False
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_name": self.job_name,
+                "namespace": self.namespace,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+                "wait_for": self.wait_for,
+                "deadline": self.deadline,
+                "worker_pods": list(self.worker_pods),
+                "master_pod": self.master_pod,
+                "timeout": self.timeout,
+                "ssh_port": self.ssh_port,
+                "try_number": self.try_number,
+                "marks": dict(self.marks),
+            },
+        )
+
+    @property
+    def roles(self) -> dict[str, Role]:
+        roles = dict.fromkeys(self.worker_pods, Role.WORKER)
+        if self.wait_for == WAIT_FINISHED:
+            roles[self.master_pod] = Role.MASTER
+        return roles
+
+    def decide(self, table: PodTable) -> dict[str, Any] | None:
+        """The event to fire for the pods as they are now, or None to keep waiting."""
+        states = table.states(self.roles)
+        status = evaluate_job(states)
+        if status.phase is JobPhase.FAILED:
+            return {
+                "status": "failed",
+                "pod": status.failed_pod,
+                "exit_code": status.exit_code,
+                "reason": status.reason,
+            }
+        if self.wait_for == WAIT_READY and status.phase is JobPhase.READY:
+            return {"status": "ready"}
+        if self.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
+            return {"status": "finished"}
+        if time.time() >= self.deadline:
+            if self.wait_for == WAIT_READY:
+                probes = probes_from_states(self.job_name, states, self.roles)
+                return {"status": "timeout", "reason": summarize_not_ready(probes, self.timeout, self.ssh_port)}
+            return {"status": "timeout", "reason": f"the job ran past its timeout of {self.timeout:.0f}s"}
+        return None
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+        from kubernetes_asyncio.client import CoreV1Api
+
+        hook = AsyncKubernetesHook(conn_id=self.kubernetes_conn_id)
+        table = PodTable()
+        selector = job_selector(self.job_name)
+        backoff = 0.2
+        async with hook.get_conn() as api_client:
+            core = CoreV1Api(api_client)
+            while True:
+                try:
+                    if not table.resource_version:
+                        listed = await core.list_namespaced_pod(self.namespace, label_selector=selector)
+                        table.replace(
+                            [api_client.sanitize_for_serialization(p) for p in listed.items],
+                            listed.metadata.resource_version,
+                        )
+                    event = self.decide(table)
+                    if event is not None:
+                        yield self._fire(event)
+                        return
+                    timeout = max(1, min(WATCH_SECONDS, int(self.deadline - time.time()) + 1))
+                    response: Any = await core.list_namespaced_pod(
+                        self.namespace,
+                        label_selector=selector,
+                        watch=True,
+                        resource_version=table.resource_version,
+                        allow_watch_bookmarks=True,
+                        timeout_seconds=timeout,
+                        _preload_content=False,
+                    )
+                    async with response:
+                        async for line in response.content:
+                            if not line.strip():
+                                continue
+                            if not table.apply(json.loads(line)):
+                                table.resource_version = ""  # 410 Gone: relist
+                                break
+                            event = self.decide(table)
+                            if event is not None:
+                                yield self._fire(event)
+                                return
+                    backoff = 0.2
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    if getattr(error, "status", None) == 410:
+                        table.resource_version = ""
+                    self.log.warning("watching job %s: %s; retrying", self.job_name, error)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+
+    def _fire(self, event: dict[str, Any]) -> TriggerEvent:
+        self._fired = True
+        payload = {
+            **event,
+            "job_name": self.job_name,
+            "wait_for": self.wait_for,
+            "at": time.time(),
+            "try_number": self.try_number,
+            "marks": dict(self.marks),
+        }
+        return TriggerEvent(payload)  # type: ignore[no-untyped-call]
+
+    async def on_kill(self) -> None:
+        """The user killed the task while it was deferred: delete the job (Airflow 3.3+)."""
+        if self._fired:
+            return
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+        from kubernetes_asyncio.client import CoreV1Api, V1DeleteOptions
+
+        async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
+            with contextlib.suppress(Exception):
+                await CoreV1Api(api_client).delete_namespaced_service(
+                    self.job_name, self.namespace, body=V1DeleteOptions(propagation_policy="Background")
+                )
+        self.log.info("task killed: MPI job %s deleted", self.job_name)

@@ -1,0 +1,112 @@
+"""Fixtures for the Kubernetes backend: the API double on 127.0.0.1 (scripted or real kubelet),
+a backend talking to it over real HTTP, and the check that no object of a job is left."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from airflow_mpi.backends.kubernetes import KubernetesBackend
+from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
+
+JOB_KINDS = ("pods", "services", "secrets", "configmaps")
+STATE_ROOT = Path("/run/airflow-mpi-tests")
+
+
+class Scripts:
+    """Per-test pod behaviour: the first matching (substring of the pod name, script) wins."""
+
+    def __init__(self) -> None:
+        self.rules: list[tuple[str, PodScript]] = []
+
+    def on(self, name_part: str, script: PodScript) -> None:
+        self.rules.insert(0, (name_part, script))
+
+    def __call__(self, pod: dict[str, Any]) -> PodScript:
+        name = pod["metadata"]["name"]
+        for part, script in self.rules:
+            if part in name:
+                return script
+        if "-master-" in name:
+            return PodScript(lines=lambda: iter(["[1,0]<stdout>:hello"]), exit_code=0)
+        return PodScript()
+
+
+@pytest.fixture
+def scripts() -> Scripts:
+    return Scripts()
+
+
+@pytest.fixture
+def double(scripts: Scripts) -> Iterator[KubeDouble]:
+    kube = KubeDouble(ScriptedKubelet(scripts))
+    kube.start()
+    yield kube
+    kube.stop()
+
+
+def api_client_for(kube: KubeDouble) -> client.ApiClient:
+    configuration = client.Configuration()
+    configuration.host = kube.url
+    configuration.connection_pool_maxsize = 32
+    return client.ApiClient(configuration)
+
+
+@pytest.fixture
+def backend(double: KubeDouble) -> KubernetesBackend:
+    return KubernetesBackend(api_client=api_client_for(double), namespace="default")
+
+
+def job_objects(kube: KubeDouble, job_name: str | None = None) -> list[str]:
+    """Objects of a job (or of any job) still in the double."""
+    found = []
+    for plural in JOB_KINDS:
+        for obj in kube.list_objects(plural, "default"):
+            labels = obj["metadata"].get("labels") or {}
+            if job_name is None or labels.get("airflow-mpi.io/job") == job_name:
+                found.append(f"{plural}/{obj['metadata']['name']}")
+    return found
+
+
+def install_connections(monkeypatch: pytest.MonkeyPatch, kube: KubeDouble, mpi_conn_id: str = "mpi_k8s") -> None:
+    """Airflow connections to the double: ``mpi_conn_id`` (mpi, kubernetes backend) -> ``kube_double``."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBE_DOUBLE",
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kube.kubeconfig())}}),
+    )
+    extra = {"backend": "kubernetes", "kubernetes_conn_id": "kube_double", "namespace": "default"}
+    monkeypatch.setenv(f"AIRFLOW_CONN_{mpi_conn_id.upper()}", json.dumps({"conn_type": "mpi", "extra": extra}))
+
+
+@pytest.fixture
+def connections(double: KubeDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_connections(monkeypatch, double)
+
+
+@pytest.fixture
+def real_double(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeDouble]:
+    """The double with a kubelet that runs pods for real (sandboxes: real sshd, mpiexec)."""
+    from airflow_mpi.backends.local import check_prerequisites
+    from airflow_mpi.testing.real_kubelet import RealKubelet
+    from tests.leaks import ours
+
+    if check_prerequisites():
+        pytest.skip("needs " + "; ".join(check_prerequisites()))
+    kubelet = RealKubelet(STATE_ROOT / "kubelet")
+    kube = KubeDouble(kubelet)
+    kube.start()
+    install_connections(monkeypatch, kube)
+    yield kube
+    kube.stop()
+    assert kubelet.leftovers() == []
+    assert not ours(), f"leaked: {ours()}"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
