@@ -59,6 +59,7 @@ test: setup lint ## everything: lint, unit, integration (real sshd + Open MPI), 
 bench: setup ## benchmarks: print figures (not timed tests)
 	$(PY) bench/launch_overhead.py
 	$(PY) bench/log_throughput.py
+	$(PY) bench/k8s_double.py
 
 doctor: $(STAMP) ## check this machine can run the local backend
 	$(BIN)/airflow-mpi doctor

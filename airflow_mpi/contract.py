@@ -74,6 +74,8 @@ SSH_KNOWN_HOSTS = "known_hosts"
 SSH_CONFIG = "ssh_config"
 SSH_SSHD_CONFIG = "sshd_config"
 SSH_HOST_KEY = "ssh_host_ed25519_key"  # this pod's own host key, in its ssh directory
+# The files every pod's ssh directory shares (plus its own host key).
+SSH_SHARED_FILES = (SSH_CLIENT_KEY, SSH_CLIENT_PUB, SSH_AUTHORIZED_KEYS, SSH_KNOWN_HOSTS, SSH_CONFIG, SSH_SSHD_CONFIG)
 
 
 @dataclass(frozen=True)

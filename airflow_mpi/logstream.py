@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 
 from airflow_mpi.contract import RESULT_PREFIX
@@ -155,8 +156,13 @@ def parse_log_timestamp(text: str) -> int:
     fraction = rest.rstrip("Z") if rest else ""
     if not rest:
         main = main.rstrip("Z")
-    seconds = int(datetime.strptime(main, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp())
-    return seconds * 1_000_000_000 + int((fraction + "000000000")[:9] or 0)
+    return _epoch_seconds(main) * 1_000_000_000 + int((fraction + "000000000")[:9] or 0)
+
+
+@lru_cache(maxsize=64)
+def _epoch_seconds(text: str) -> int:
+    """Whole seconds of a timestamp; cached: a busy log has thousands of lines per second."""
+    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp())
 
 
 def format_since_time(ns: int) -> str:

@@ -149,7 +149,7 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> 
     spec = plan.spec
     role = spec.master if pod.role.value == "master" else spec.workers
     paths = plan.paths
-    shared_files = sorted(plan.ssh_files())
+    shared_files = sorted(contract.SSH_SHARED_FILES)
     ssh_items = [{"key": name, "path": name} for name in shared_files]
     ssh_items.append({"key": contract.host_key_file(pod.name), "path": contract.SSH_HOST_KEY})
 

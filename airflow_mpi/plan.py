@@ -16,7 +16,7 @@ from airflow_mpi.naming import RunIdentity, build_job_labels, build_job_name, bu
 from airflow_mpi.scripts import launch_script_text, rank_sitecustomize_text
 from airflow_mpi.spec import HostsMode, MPIJobSpec, Role
 from airflow_mpi.ssh import SshMaterial, build_ssh_material, render_ssh_files
-from airflow_mpi.topology import Topology, build_pod_env, build_topology, render_hostfile
+from airflow_mpi.topology import Topology, build_job_env, build_pod_env, build_topology, render_hostfile
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,11 @@ def render_plan(
     job_name = build_job_name(spec.name, identity)
     topology = build_topology(spec, job_name)
     labels = build_job_labels(job_name, identity, spec.pod.labels)
-    pods = [_pod_plan(spec, topology, labels, Role.MASTER, 0, topology.master_pod)]
+    job_env = build_job_env(spec, topology)
+    pods = [_pod_plan(spec, topology, labels, job_env, Role.MASTER, 0, topology.master_pod)]
     pods += [
-        _pod_plan(spec, topology, labels, Role.WORKER, index, name) for index, name in enumerate(topology.worker_pods)
+        _pod_plan(spec, topology, labels, job_env, Role.WORKER, index, name)
+        for index, name in enumerate(topology.worker_pods)
     ]
     config_files = {
         contract.CONFIG_LAUNCH: launch_script if launch_script is not None else launch_script_text(),
@@ -113,13 +115,19 @@ def render_plan(
 
 
 def _pod_plan(
-    spec: MPIJobSpec, topology: Topology, job_labels: Mapping[str, str], role: Role, index: int, name: str
+    spec: MPIJobSpec,
+    topology: Topology,
+    job_labels: Mapping[str, str],
+    job_env: dict[str, str],
+    role: Role,
+    index: int,
+    name: str,
 ) -> PodPlan:
     return PodPlan(
         name=name,
         role=role,
         index=index,
         host=f"{name}.{topology.job_name}",
-        env=build_pod_env(spec, topology, role, name),
+        env=build_pod_env(spec, topology, role, name, job_env),
         labels=build_pod_labels(job_labels, role, index),
     )

@@ -149,18 +149,30 @@ def pod_state_from_k8s(pod: Mapping[str, Any]) -> PodState:
     return PodState(name, role, phase, ready=ready, exit_code=exit_code, reason=reason, message=message)
 
 
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``pod_state_from_k8s`` reads, and nothing else: a watch of 1000 pods keeps no specs
+    (every pod's env holds the full worker list)."""
+    meta = pod.get("metadata") or {}
+    return {
+        "metadata": {
+            key: meta[key] for key in ("name", "labels", "resourceVersion", "deletionTimestamp") if key in meta
+        },
+        "status": pod.get("status") or {},
+    }
+
+
 class PodTable:
     """The job's pods as a watch sees them: apply events, relist on 410, keep the resourceVersion."""
 
     def __init__(self) -> None:
-        self.pods: dict[str, Mapping[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
         self.deleted: set[str] = set()
         self.resource_version = ""
         self.events = 0
 
     def replace(self, items: list[Mapping[str, Any]], resource_version: str) -> None:
         """A fresh list (the start, or after 410 Gone)."""
-        current = {item["metadata"]["name"]: item for item in items}
+        current = {item["metadata"]["name"]: slim_pod(item) for item in items}
         self.deleted |= set(self.pods) - set(current)
         self.pods = current
         self.resource_version = resource_version
@@ -182,7 +194,7 @@ class PodTable:
             self.pods.pop(name, None)
             self.deleted.add(name)
         else:
-            self.pods[name] = obj
+            self.pods[name] = slim_pod(obj)
             self.deleted.discard(name)
         self.events += 1
         return True

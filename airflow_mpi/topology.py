@@ -158,10 +158,14 @@ def render_cpu_env(cpu: object) -> str:
 
 def build_platform_env(spec: MPIJobSpec, topology: Topology, role: Role, pod_name: str) -> dict[str, str]:
     """The variables the platform writes into every pod (seed 000), plus the launch script's own."""
+    return {**build_job_env(spec, topology), **build_role_env(role, pod_name)}
+
+
+def build_job_env(spec: MPIJobSpec, topology: Topology) -> dict[str, str]:
+    """The part of the platform env that is the same in every pod (``MPI_HOST`` lists every
+    worker: built once and shared, not once per pod)."""
     env = {
-        contract.ENV_ROLE: role.value,
         contract.ENV_JOB_NAME: topology.job_name,
-        contract.ENV_POD_NAME: pod_name,
         contract.ENV_MASTER_CPU: render_cpu_env(spec.master.cpu),
         contract.ENV_MASTER_GPU: str(spec.master.gpus),
         contract.ENV_MASTER_REPLICAS: str(spec.master.replicas),
@@ -178,6 +182,19 @@ def build_platform_env(spec: MPIJobSpec, topology: Topology, role: Role, pod_nam
     return env
 
 
-def build_pod_env(spec: MPIJobSpec, topology: Topology, role: Role, pod_name: str) -> dict[str, str]:
-    """Platform env first, then the user's (which may not override it: validated in spec)."""
-    return {**build_platform_env(spec, topology, role, pod_name), **spec.env}
+def build_role_env(role: Role, pod_name: str) -> dict[str, str]:
+    return {contract.ENV_ROLE: role.value, contract.ENV_POD_NAME: pod_name}
+
+
+def build_pod_env(
+    spec: MPIJobSpec, topology: Topology, role: Role, pod_name: str, job_env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Platform env first (in the seed's order), then the user's (which may not override it)."""
+    shared = job_env if job_env is not None else build_job_env(spec, topology)
+    role_env = build_role_env(role, pod_name)
+    ordered = {
+        contract.ENV_ROLE: role_env[contract.ENV_ROLE],
+        contract.ENV_JOB_NAME: shared[contract.ENV_JOB_NAME],
+        contract.ENV_POD_NAME: role_env[contract.ENV_POD_NAME],
+    }
+    return {**ordered, **shared, **spec.env}

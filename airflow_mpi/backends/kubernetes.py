@@ -64,6 +64,7 @@ class _Job:
     master_manifest: Obj | None = None
     cursor: LogCursor = field(default_factory=LogCursor)
     final_pods: list[str] = field(default_factory=list)
+    seen_events: int = -1  # the watch's event count when pod states were last read
 
 
 class _AlreadyExists(LaunchError):
@@ -165,7 +166,8 @@ class KubernetesBackend:
             self._create(namespace, "configmaps", config_map)
             if workers:
                 with ThreadPoolExecutor(max_workers=min(self.create_concurrency, len(workers))) as pool:
-                    list(pool.map(lambda pod: self._create(namespace, "pods", pod), workers))
+                    for _ in pool.map(lambda pod: self._create(namespace, "pods", pod), workers):
+                        pass  # keep none of the (large) responses
         except BaseException:
             self.teardown(plan.job_name)
             raise
@@ -244,10 +246,15 @@ class KubernetesBackend:
     def pod_states(self, job_name: str) -> list[PodState]:
         job = self._job(job_name)
         with job.watcher.cond:
+            job.seen_events = job.watcher.table.events
             return job.watcher.table.states(job.roles)
 
     def wait_for_change(self, job_name: str, timeout: float) -> None:
-        self._job(job_name).watcher.wait(timeout)
+        """Returns at once if an event came since the states were last read (no lost wake-up)."""
+        job = self._job(job_name)
+        with job.watcher.cond:
+            if job.watcher.table.events == job.seen_events:
+                job.watcher.cond.wait(timeout)
 
     def probe_workers(self, job_name: str) -> list[HostProbe]:
         """Readiness from the watch, no request (see ``readiness.probes_from_states``)."""

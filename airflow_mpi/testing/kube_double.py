@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
@@ -50,9 +51,14 @@ def rfc3339(ts: float) -> str:
 def rfc3339_nano(ns: int) -> str:
     """The kubelet's log timestamp: Go's RFC3339Nano, trailing zeros trimmed."""
     seconds, nanos = divmod(ns, 1_000_000_000)
-    base = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    base = _second(seconds)
     fraction = f"{nanos:09d}".rstrip("0")
     return f"{base}.{fraction}Z" if fraction else f"{base}Z"
+
+
+@lru_cache(maxsize=16)
+def _second(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def parse_time_seconds(text: str) -> int:
@@ -113,8 +119,11 @@ class LogBuffer:
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     def append(self, ns: int, line: str) -> None:
+        self.extend([(ns, line)])
+
+    def extend(self, lines: list[tuple[int, str]]) -> None:
         with self.cond:
-            self.lines.append((ns, line))
+            self.lines.extend(lines)
             self.cond.notify_all()
 
     def close(self) -> None:
@@ -548,6 +557,7 @@ def _plural(kind: str) -> str:
 class _Handler(BaseHTTPRequestHandler):
     double: KubeDouble
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as Go's net/http: no 40 ms Nagle/delayed-ACK stalls on streams
     ROUTE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
@@ -593,6 +603,9 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
             self._send_json(fault.status, status_body(fault.status, "InternalError", "injected fault"), headers)
             return
+        if url.path.startswith("/_double/"):
+            self._control(method, url.path)
+            return
         match = self.ROUTE.match(url.path)
         if not match or match["plural"] not in KINDS:
             self._send_json(404, status_body(404, "NotFound", f"the server could not find {url.path}"))
@@ -627,6 +640,28 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(error.code, status_body(error.code, error.reason, error.message))
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _control(self, method: str, path: str) -> None:
+        """Knobs and counters for a double running in another process (benchmarks)."""
+        double = self.double
+        if path == "/_double/requests":
+            self._send_json(200, {"requests": [r for r in double.requests if not r[1].startswith("/_double/")]})
+        elif path == "/_double/reset" and method == "POST":
+            double.requests.clear()
+            double.created.clear()
+            self._send_json(200, {})
+        elif path == "/_double/knobs" and method == "POST":
+            knobs = self._body()
+            if "clock_offset" in knobs:
+                double.clock_offset = float(knobs.pop("clock_offset"))
+            if "drop_log_streams" in knobs:
+                after, times = knobs.pop("drop_log_streams")
+                double.drop_log_streams(int(after), int(times))
+            if isinstance(double.kubelet, ScriptedKubelet) and isinstance(double.kubelet.script, KnobScript):
+                double.kubelet.script.knobs.update(knobs)
+            self._send_json(200, {})
+        else:
+            self._send_json(404, status_body(404, "NotFound", path))
 
     def _list(self, plural: str, namespace: str, query: dict[str, str]) -> None:
         items = [
@@ -785,10 +820,16 @@ class ScriptedKubelet:
         buffer = double.logs.get((namespace, name))
         started = time.monotonic()
         if script.lines is not None and buffer is not None:
+            pending: list[tuple[int, str]] = []
+            flushed = time.monotonic()
             for line in script.lines():
-                if not self._alive(namespace, name):
-                    return
-                buffer.append(double.node_time_ns(), line)
+                pending.append((double.node_time_ns(), line))
+                if len(pending) >= 1000 or time.monotonic() - flushed > 0.001:  # like a pipe: batches
+                    if not self._alive(namespace, name):
+                        return
+                    buffer.extend(pending)
+                    pending, flushed = [], time.monotonic()
+            buffer.extend(pending)
         timed = [t for t in (script.fail_after, script.evicted_after) if t is not None]
         if script.exit_code is not None or timed:
             wait = min(timed) - (time.monotonic() - started) if timed else 0.0
@@ -901,3 +942,41 @@ def _set_evicted(pod: Obj) -> None:
     status["containerStatuses"] = _container_status(
         pod, {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": rfc3339(time.time())}}
     )
+
+
+class KnobScript:
+    """Scripted pods steered by knobs (``POST /_double/knobs``): workers run and are Ready; the
+    master prints ``master_lines`` lines (at ``master_rate`` per second, 0: as fast as it can),
+    each ending with the real clock in ns, then exits with ``master_exit``."""
+
+    def __init__(self) -> None:
+        self.knobs: dict[str, Any] = {"master_lines": 10, "master_rate": 0.0, "master_exit": 0}
+
+    def _lines(self) -> Iterator[str]:
+        count, rate = int(self.knobs["master_lines"]), float(self.knobs["master_rate"])
+        start = time.monotonic()
+        for i in range(count):
+            if rate:
+                delay = start + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            yield f"[1,{i % 4}]<stdout>:line {i:08d} {time.time_ns()}"
+
+    def __call__(self, pod: Obj) -> PodScript:
+        if "-master-" in pod["metadata"]["name"]:
+            return PodScript(lines=self._lines, exit_code=int(self.knobs["master_exit"]))
+        return PodScript()
+
+
+def main() -> None:
+    """``python -m airflow_mpi.testing.kube_double``: serve a knob-driven double, print its URL."""
+    double = KubeDouble(ScriptedKubelet(KnobScript()))
+    print(double.start(), flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        double.stop()
+
+
+if __name__ == "__main__":
+    main()
