@@ -5,8 +5,9 @@ Runs as is on one machine (the local backend: real sshd and Open MPI in namespac
     make demo        # or: airflow dags test mpi_training_pipeline
 
 On Kubernetes, create a connection ``mpi_default`` of type ``mpi`` with extra
-``{"backend": "kubernetes"}``, build the image in docker/, and point ``MPI_DEMO_IMAGE`` and
-``MPI_DEMO_DATA`` (a shared volume) at it: the DAG itself does not change.
+``{"backend": "kubernetes"}``, build the image in docker/, and point ``MPI_DEMO_IMAGE``,
+``MPI_DEMO_SCRIPT`` (the script's path in the image) and ``MPI_DEMO_DATA`` (a directory every
+node and the Airflow workers share) at it: the DAG itself does not change.
 Each run works in its own data directory, so retraining, backfills and two runs at once never
 share files.
 """
@@ -25,6 +26,8 @@ from airflow_mpi.operators.mpi import MPIJobOperator
 DATA_ROOT = os.environ.get("MPI_DEMO_DATA", "/var/tmp/airflow-mpi-demo")
 IMAGE = os.environ.get("MPI_DEMO_IMAGE", "airflow-mpi/train:0.1")
 TRAIN_SCRIPT = os.environ.get("MPI_DEMO_SCRIPT", str(Path(__file__).parent / "scripts" / "train_digits.py"))
+# On Kubernetes, MPI_DEMO_DEFERRABLE=1 waits in the triggerer instead of a worker slot.
+DEFERRABLE = os.environ.get("MPI_DEMO_DEFERRABLE") == "1"
 MIN_ACCURACY = 0.85
 
 with DAG(
@@ -87,6 +90,7 @@ with DAG(
             "startup_timeout": 120,
             "pod": {"volumes": [{"name": "data", "host_path": DATA_ROOT, "mount_path": DATA_ROOT}]},
         },
+        deferrable=DEFERRABLE,
     )
 
     @task
