@@ -323,7 +323,9 @@ def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | N
         return 130
     except (JobFailed, LaunchError) as error:
         print(f"airflow-mpi: {error}", file=sys.stderr)
-        return error.exit_code or 1 if isinstance(error, JobFailed) else 1
+        if isinstance(error, JobFailed) and error.exit_code:
+            return error.exit_code  # the job's own exit code, e.g. a rank's
+        return 1
     emit(f"airflow-mpi: done in {result.durations_s['total']}s; result: {result.result}")
     return 0
 

@@ -32,7 +32,7 @@ from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_sel
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, probes_from_states
 from airflow_mpi.spec import Role
-from airflow_mpi.status import PodPhase, PodState, PodTable
+from airflow_mpi.status import PodPhase, PodState, PodTable, pod_state_from_k8s
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 CREATE_ATTEMPTS = 6
@@ -239,8 +239,25 @@ class KubernetesBackend:
 
     def _job(self, job_name: str) -> _Job:
         job = self._jobs.get(job_name)
-        if job is None:
-            raise LaunchError(f"job {job_name} is not known to this backend (not created or adopted here)")
+        return job if job is not None else self._attach(job_name)
+
+    def _attach(self, job_name: str) -> _Job:
+        """Watch a job this process did not create (a sensor in another task), by name alone:
+        the pods' role labels tell who is who."""
+        namespace = self._namespace or "default"
+        watcher = PodWatcher(self.core, namespace, job_selector(job_name))
+        watcher.start("")
+        watcher.wait_listed(30)
+        with watcher.cond:
+            pods = dict(watcher.table.pods)
+        if not pods:
+            watcher.stop()
+            raise LaunchError(f"no job {job_name} in namespace {namespace} (no pods with its label)")
+        states = {name: pod_state_from_k8s(pod) for name, pod in pods.items()}
+        roles = {name: state.role for name, state in states.items()}
+        master = next((n for n, r in roles.items() if r is Role.MASTER), f"{job_name}-master-0")
+        job = _Job(name=job_name, namespace=namespace, watcher=watcher, roles=roles, master=master)
+        self._jobs[job_name] = job
         return job
 
     def pod_states(self, job_name: str) -> list[PodState]:
@@ -385,6 +402,12 @@ class KubernetesBackend:
             return [line for line in response.data.decode("utf-8", "replace").splitlines() if line.strip()]
         except Exception:
             return []
+
+    def release(self, job_name: str) -> None:
+        """Stop watching a job without touching it (a sensor's poke is done)."""
+        job = self._jobs.pop(job_name, None)
+        if job is not None:
+            job.watcher.stop()
 
     # --- teardown -------------------------------------------------------------------------
 

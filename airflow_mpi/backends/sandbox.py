@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -102,6 +103,8 @@ class Sandbox:
     meta: dict[str, Any] = field(default_factory=dict)
     next_index: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    # Pods may be added and started from several threads (the API double's kubelet does).
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -166,6 +169,10 @@ class Sandbox:
         return cls(dir=path, pods=pods, **data)
 
     def record(self) -> dict[str, Any]:
+        with self._lock:
+            return self._record()
+
+    def _record(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "subnet": self.subnet,
@@ -178,9 +185,10 @@ class Sandbox:
         }
 
     def save(self) -> None:
-        tmp = self.dir / f"{RECORD}.tmp"
-        tmp.write_text(json.dumps(self.record()))
-        tmp.replace(self.dir / RECORD)
+        with self._lock:
+            tmp = self.dir / f"{RECORD}.tmp"
+            tmp.write_text(json.dumps(self.record()))
+            tmp.replace(self.dir / RECORD)
 
     @property
     def owner_alive(self) -> bool:
@@ -194,21 +202,22 @@ class Sandbox:
         hosts = list(network.hosts())
         digest = hashlib.sha256(self.name.encode()).hexdigest()[:6]
         added = []
-        for name in names:
-            index = self.next_index
-            if index + 1 >= len(hosts):
-                raise LaunchError(f"local pods: more than {MAX_PODS} pods in {self.name}")
-            self.next_index += 1
-            pod = SandboxPod(
-                name=name,
-                netns=f"{NETNS_PREFIX}{name}",
-                veth=f"{VETH_PREFIX}{digest}x{index}",
-                ip=str(hosts[index + 1]),  # .1 is the bridge
-                meta=(meta or {}).get(name, {}),
-            )
-            self.pods[name] = pod
-            added.append(pod)
-        self.save()
+        with self._lock:
+            for name in names:
+                index = self.next_index
+                if index + 1 >= len(hosts):
+                    raise LaunchError(f"local pods: more than {MAX_PODS} pods in {self.name}")
+                self.next_index += 1
+                pod = SandboxPod(
+                    name=name,
+                    netns=f"{NETNS_PREFIX}{name}",
+                    veth=f"{VETH_PREFIX}{digest}x{index}",
+                    ip=str(hosts[index + 1]),  # .1 is the bridge
+                    meta=(meta or {}).get(name, {}),
+                )
+                self.pods[name] = pod
+                added.append(pod)
+            self.save()
         host_side = []
         for pod in added:
             (NETNS_HOSTS_DIR / pod.netns).mkdir(parents=True, exist_ok=True)
@@ -264,9 +273,10 @@ class Sandbox:
             start_new_session=True,
             cwd="/",
         )
-        self.procs[name] = proc
-        pod.pid, pod.pid_start = proc.pid, start_ticks(proc.pid)
-        self.save()
+        with self._lock:
+            self.procs[name] = proc
+            pod.pid, pod.pid_start = proc.pid, start_ticks(proc.pid)
+            self.save()
         return proc
 
     def exit_code(self, name: str) -> int | None:
@@ -306,13 +316,15 @@ class Sandbox:
 
     def remove_pod(self, name: str) -> None:
         self.stop(name)
-        pod = self.pods.pop(name)
+        with self._lock:
+            pod = self.pods.pop(name)
         commands = [f"link del {pod.veth}"] if _link_exists(pod.veth) else []
         commands += [f"netns del {pod.netns}"] if _netns_exists(pod.netns) else []
         if commands:
             _ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
         shutil.rmtree(NETNS_HOSTS_DIR / pod.netns, ignore_errors=True)
-        self.save()
+        with self._lock:
+            self.save()
 
     def destroy(self) -> None:
         """Every pod, namespace, link, hosts file and the state directory. Idempotent."""

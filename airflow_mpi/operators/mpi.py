@@ -27,7 +27,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_mpi.backends.base import Backend
-from airflow_mpi.exceptions import BackendUnavailable, JobTimeout, SpecError
+from airflow_mpi.exceptions import BackendUnavailable, JobFailed, JobTimeout, SpecError, SshdNotReady
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import render_plan
@@ -172,7 +172,18 @@ class MPIJobOperator(BaseOperator):
                 runner.start_master()
                 self._defer(runner, "finished")
             if event["status"] == "timeout" and event["wait_for"] == "ready":
-                raise AirflowFailException(f"MPI job {job_name}: {event['reason']}")
+                raise SshdNotReady(f"MPI job {job_name}: {event['reason']}")
+            if event["status"] == "failed" and event.get("pod") != plan.master.name:
+                pod = event.get("pod") or ""
+                tail = backend.pod_log_tail(job_name, pod, 15) if pod else []
+                shown = "\n".join(f"  | {line}" for line in tail)
+                raise JobFailed(
+                    f"MPI job {job_name} failed: {event.get('reason')}"
+                    + (f"\nlast lines of {pod}:\n{shown}" if tail else ""),
+                    exit_code=event.get("exit_code"),
+                    pod=pod,
+                    tail=tail,
+                )
             if event["status"] == "timeout":
                 tail = backend.pod_log_tail(job_name, plan.master.name, 15)
                 shown = "\n".join(f"  | {line}" for line in tail)
@@ -181,7 +192,7 @@ class MPIJobOperator(BaseOperator):
                     f"last lines of {plan.master.name}:\n{shown}",
                     tail=tail,
                 )
-            result = runner.finish()
+            result = runner.finish()  # finished, or the master failed: its log names the rank
         except TaskDeferred:
             raise  # the job lives on: no teardown
         except BaseException:

@@ -46,7 +46,12 @@ class SshdReadySensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> bool:
         backend = MPIJobHook(self.mpi_conn_id).get_backend()
-        report = check_sshd_once(backend, self.job_name)
+        try:
+            report = check_sshd_once(backend, self.job_name)
+        finally:
+            release = getattr(backend, "release", None)  # Kubernetes: stop this poke's watch
+            if release is not None:
+                release(self.job_name)
         if report.failure is not None:
             raise AirflowFailException(f"MPI job {self.job_name}: {report.failure.reason}")
         self._last_probes = report.probes

@@ -262,3 +262,25 @@ def test_two_backfill_runs_side_by_side(backend: KubernetesBackend, double: Kube
     assert all(isinstance(r, JobResult) for r in results)
     assert plans[0].job_name != plans[1].job_name
     assert job_objects(double) == []
+
+
+@pytest.mark.usefixtures("connections")
+def test_sshd_sensor_on_kubernetes_knows_a_job_by_name(backend: KubernetesBackend, double: KubeDouble, scripts: Scripts) -> None:
+    from airflow_mpi.sensors.sshd import SshdReadySensor
+
+    scripts.on("-worker-1", PodScript(unschedulable="0/2 nodes are available: 2 Insufficient cpu."))
+    plan = make_plan(workers=2)
+    backend.create(plan)
+    try:
+        sensor = SshdReadySensor(task_id="sshd", job_name=plan.job_name, mpi_conn_id="mpi_k8s")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(p.ok for p in sensor._last_probes):
+            assert sensor.poke({}) is False  # type: ignore[arg-type]
+            time.sleep(0.1)
+        problems = {p.host: p for p in sensor._last_probes}
+        assert problems[f"{plan.job_name}-worker-0.{plan.job_name}"].ok
+        unready = problems[f"{plan.job_name}-worker-1.{plan.job_name}"]
+        assert unready.problem.value == "pod not ready" and "Insufficient cpu" in unready.detail
+    finally:
+        backend.teardown(plan.job_name)
+        backend.leftovers(plan.job_name)
