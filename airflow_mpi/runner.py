@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_mpi.backends.base import Backend
+from airflow_mpi.backends.base import Backend, ReattachableBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout, LaunchError, SshdNotReady
 from airflow_mpi.logstream import OutputTracker, build_log_records, build_rank_pods
 from airflow_mpi.naming import RunIdentity
@@ -334,15 +334,14 @@ def resume_or_clean(backend: Backend, spec: MPIJobSpec, identity: RunIdentity) -
     """On a retry, find the jobs earlier tries of this task instance left (a worker crash leaves
     its job running). Reattach to the newest one that can still give the result (its master runs
     or has ended); remove every other one. Never leaves two jobs for one task."""
-    find_jobs = getattr(backend, "find_jobs", None)
-    if find_jobs is None or identity.try_number <= 1:
+    if not isinstance(backend, ReattachableBackend) or identity.try_number <= 1:
         return None
-    namespace = backend.namespace_for(render_plan(spec, identity))  # type: ignore[attr-defined]
+    namespace = backend.namespace_for(render_plan(spec, identity))
     adopted: JobPlan | None = None
-    for found in sorted(find_jobs(identity, namespace), key=lambda job: job.try_number, reverse=True):
+    for found in sorted(backend.find_jobs(identity, namespace), key=lambda job: job.try_number, reverse=True):
         earlier = render_plan(spec, dataclasses.replace(identity, try_number=found.try_number))
         if adopted is None and found.try_number != identity.try_number and earlier.job_name == found.job_name:
-            states = backend.adopt(earlier, namespace)  # type: ignore[attr-defined]
+            states = backend.adopt(earlier, namespace)
             status = evaluate_job(states)
             master_there = any(state.name == earlier.master.name for state in states)
             master_failed = status.phase is JobPhase.FAILED and status.failed_pod == earlier.master.name

@@ -9,8 +9,10 @@ job name, so a sensor in another task, or a later try, can find the same job. Im
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe
 from airflow_mpi.status import PodState
@@ -48,3 +50,27 @@ class Backend(Protocol):
 
     def leftovers(self, job_name: str) -> list[str]:
         """What of the job still exists (empty after a complete teardown)."""
+
+
+@dataclass(frozen=True)
+class FoundJob:
+    """A job of another try of the same task instance (for reattach)."""
+
+    job_name: str
+    namespace: str
+    try_number: int
+
+
+@runtime_checkable
+class ReattachableBackend(Backend, Protocol):
+    """A backend whose jobs outlive the process that created them (Kubernetes), so a retry can
+    find an earlier try's job and reattach. Local pods die with their owner: nothing to find."""
+
+    def namespace_for(self, plan: JobPlan) -> str:
+        """Where the plan's objects live."""
+
+    def find_jobs(self, identity: RunIdentity, namespace: str) -> list[FoundJob]:
+        """Jobs of every try of this task instance."""
+
+    def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
+        """Watch an existing job (an earlier try's, or one a deferral left) as if created here."""

@@ -25,6 +25,7 @@ from functools import cached_property
 from typing import Any
 
 from airflow_mpi import contract
+from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.exceptions import BackendUnavailable, LaunchError
 from airflow_mpi.logstream import LogCursor, split_timestamped
 from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owner_reference
@@ -42,15 +43,6 @@ TEARDOWN_WAIT = 60.0
 EOF = object()
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class FoundJob:
-    """A job of another try of the same task instance (for reattach)."""
-
-    job_name: str
-    namespace: str
-    try_number: int
 
 
 @dataclass
@@ -478,7 +470,7 @@ class KubernetesBackend:
             )
         return sorted(found, key=lambda job: job.try_number)
 
-    def adopt(self, plan: JobPlan, namespace: str, cursor: LogCursor | None = None) -> list[PodState]:
+    def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
         """Watch an existing job (an earlier try's) as if it had been created here."""
         watcher = PodWatcher(self.core, namespace, job_selector(plan.job_name))
         job = _Job(
@@ -488,7 +480,6 @@ class KubernetesBackend:
             roles={w.name: Role.WORKER for w in plan.workers},
             master=plan.master.name,
             plan=plan,
-            cursor=cursor or LogCursor(),
         )
         self._jobs[plan.job_name] = job
         watcher.start("")  # list first

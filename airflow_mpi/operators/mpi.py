@@ -27,6 +27,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_mpi.backends.base import Backend
+from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import BackendUnavailable, JobFailed, JobTimeout, SpecError, SshdNotReady
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.naming import RunIdentity
@@ -84,7 +85,7 @@ class MPIJobOperator(BaseOperator):
             backend = MPIJobHook(self.mpi_conn_id).get_backend()
         except (SpecError, BackendUnavailable) as error:
             raise AirflowFailException(str(error)) from error  # retrying cannot fix these
-        if self.deferrable and backend.name != "kubernetes":
+        if self.deferrable and not isinstance(backend, KubernetesBackend):
             raise AirflowFailException(
                 f"deferrable=True needs the kubernetes backend; connection {self.mpi_conn_id!r} gives the "
                 f"{backend.name} backend, whose pods live in the worker process: use deferrable=False"
@@ -133,13 +134,14 @@ class MPIJobOperator(BaseOperator):
         from airflow_mpi.triggers.mpi import MPIJobTrigger
 
         plan, backend = runner.plan, runner.backend
+        assert isinstance(backend, KubernetesBackend)  # checked in _prepare
         spec = plan.spec
         timeout = spec.startup_timeout if wait_for == "ready" else spec.timeout
         self.defer(
             trigger=MPIJobTrigger(
                 job_name=plan.job_name,
-                namespace=backend.namespace_for(plan),  # type: ignore[attr-defined]
-                kubernetes_conn_id=backend.kubernetes_conn_id,  # type: ignore[attr-defined]
+                namespace=backend.namespace_for(plan),
+                kubernetes_conn_id=backend.kubernetes_conn_id,
                 wait_for=wait_for,
                 deadline=time.time() + timeout,
                 worker_pods=[w.name for w in plan.workers],
@@ -161,7 +163,8 @@ class MPIJobOperator(BaseOperator):
         if plan.job_name != job_name:
             raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         progress = _Progress(context)
-        backend.adopt(plan, backend.namespace_for(plan))  # type: ignore[attr-defined]
+        assert isinstance(backend, KubernetesBackend)  # checked in _prepare
+        backend.adopt(plan, backend.namespace_for(plan))
         runner = self._runner = JobRunner(
             backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name)
         )

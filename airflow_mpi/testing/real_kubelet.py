@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from airflow_mpi.backends.sandbox import Mount, Sandbox
 from airflow_mpi.testing.kube_double import (
@@ -196,8 +195,3 @@ def _tmpfs_size(quantity: str) -> str:
         if quantity.endswith(suffix):
             return quantity[: -len(suffix)] + unit
     return quantity
-
-
-def running_pods(kubelet: Any) -> list[str]:
-    sandbox = getattr(kubelet, "_sandbox", None)
-    return list(sandbox.pods) if sandbox is not None else []

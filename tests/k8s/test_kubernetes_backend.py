@@ -265,7 +265,9 @@ def test_two_backfill_runs_side_by_side(backend: KubernetesBackend, double: Kube
 
 
 @pytest.mark.usefixtures("connections")
-def test_sshd_sensor_on_kubernetes_knows_a_job_by_name(backend: KubernetesBackend, double: KubeDouble, scripts: Scripts) -> None:
+def test_sshd_sensor_on_kubernetes_knows_a_job_by_name(
+    backend: KubernetesBackend, double: KubeDouble, scripts: Scripts
+) -> None:
     from airflow_mpi.sensors.sshd import SshdReadySensor
 
     scripts.on("-worker-1", PodScript(unschedulable="0/2 nodes are available: 2 Insufficient cpu."))
