@@ -10,6 +10,7 @@ same master pod, over the same namespaces, hosts and ssh configuration.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import time
@@ -112,4 +113,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        state = Path(STATE_DIR)
+        if state.exists() and not [p for p in state.iterdir() if p.name != ".lock"]:
+            shutil.rmtree(state)  # nothing but the lock file: every job was removed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import statistics
 import sys
 import time
@@ -98,4 +99,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        state = Path(STATE_DIR)
+        if state.exists() and not [p for p in state.iterdir() if p.name != ".lock"]:
+            shutil.rmtree(state)  # nothing but the lock file: every job was removed
