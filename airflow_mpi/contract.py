@@ -27,7 +27,6 @@ ENV_SSH_PORT = "AIRFLOW_MPI_SSH_PORT"
 ENV_STARTUP_TIMEOUT = "AIRFLOW_MPI_STARTUP_TIMEOUT"
 ENV_NP_OVERRIDE = "AIRFLOW_MPI_NP"
 ENV_DRY_RUN = "AIRFLOW_MPI_DRY_RUN"
-ENV_RANK_HOSTS = "AIRFLOW_MPI_RANK_HOSTS"
 # Overrides for the three directories below; only tests and unusual images set them.
 ENV_CONFIG_DIR = "AIRFLOW_MPI_CONFIG_DIR"
 ENV_SSH_SECRET_DIR = "AIRFLOW_MPI_SSH_SECRET_DIR"  # noqa: S105 (a variable name)
@@ -51,9 +50,6 @@ RESERVED_ENV_NAMES = frozenset(
     }
 )
 RESERVED_ENV_PREFIXES = ("GJ_TRAINING_", "NCCL_IB_", "AIRFLOW_MPI_")
-
-# Rank variables the rank wrapper derives from Open MPI's OMPI_COMM_WORLD_* (seed 002).
-RANK_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
 
 # Lines a rank prints with this prefix carry a JSON result for XCom.
 RESULT_PREFIX = "AIRFLOW_MPI_RESULT "

@@ -177,7 +177,7 @@ class MPIJobSpec:
             try:
                 object.__setattr__(self, "hosts_mode", HostsMode(self.hosts_mode))
             except ValueError:
-                pass  # reported by validate_spec
+                pass  # reported by validated()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MPIJobSpec:
@@ -305,11 +305,6 @@ def max_name_length(worker_replicas: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------------------------
-
-
-def validate_spec(spec: MPIJobSpec) -> MPIJobSpec:
-    """Raise ``SpecError`` with every problem of ``spec``; return it unchanged when valid."""
-    return spec.validated()
 
 
 def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) -> list[SpecIssue]:

@@ -10,11 +10,12 @@ same master pod, over the same namespaces, hosts and ssh configuration.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import time
 from pathlib import Path
+
+from _state import STATE_DIR, remove_state_dir
 
 from airflow_mpi.backends.local import LocalBackend
 from airflow_mpi.naming import RunIdentity
@@ -22,8 +23,6 @@ from airflow_mpi.plan import render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.topology import render_mpi_hosts
-
-STATE_DIR = "/run/airflow-mpi-bench"
 
 
 def spec(command: list[str]) -> MPIJobSpec:
@@ -116,6 +115,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        state = Path(STATE_DIR)
-        if state.exists() and not [p for p in state.iterdir() if p.name != ".lock"]:
-            shutil.rmtree(state)  # nothing but the lock file: every job was removed
+        remove_state_dir()

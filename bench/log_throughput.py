@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from _state import STATE_DIR, remove_state_dir
 
 from airflow_mpi.backends.local import LocalBackend
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
-
-STATE_DIR = "/run/airflow-mpi-bench"
 
 
 def task_logger(path: Path) -> logging.Logger:
@@ -102,6 +101,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        state = Path(STATE_DIR)
-        if state.exists() and not [p for p in state.iterdir() if p.name != ".lock"]:
-            shutil.rmtree(state)  # nothing but the lock file: every job was removed
+        remove_state_dir()

@@ -138,17 +138,8 @@ class KubernetesBackend:
         manifests = render_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
         service = self._create_service(namespace, manifests[0])
         owner = render_owner_reference(plan, service["metadata"]["uid"])
-        watcher = PodWatcher(self.core, namespace, job_selector(plan.job_name))
-        job = _Job(
-            name=plan.job_name,
-            namespace=namespace,
-            watcher=watcher,
-            roles={worker.name: Role.WORKER for worker in plan.workers},
-            master=plan.master.name,
-            plan=plan,
-        )
-        self._jobs[plan.job_name] = job
-        watcher.start(service["metadata"]["resourceVersion"])
+        # Watch from the Service's version: every event of the pods created next is seen.
+        job = self._watch(plan, namespace, service["metadata"]["resourceVersion"])
         try:
             for manifest in manifests[1:]:
                 manifest["metadata"]["ownerReferences"] = [owner]
@@ -163,6 +154,19 @@ class KubernetesBackend:
         except BaseException:
             self.teardown(plan.job_name)
             raise
+
+    def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> _Job:
+        job = _Job(
+            name=plan.job_name,
+            namespace=namespace,
+            watcher=PodWatcher(self.core, namespace, job_selector(plan.job_name)),
+            roles={worker.name: Role.WORKER for worker in plan.workers},
+            master=plan.master.name,
+            plan=plan,
+        )
+        self._jobs[plan.job_name] = job
+        job.watcher.start(resource_version)
+        return job
 
     def _create_service(self, namespace: str, manifest: Obj) -> Obj:
         name = manifest["metadata"]["name"]
@@ -472,17 +476,8 @@ class KubernetesBackend:
 
     def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
         """Watch an existing job (an earlier try's) as if it had been created here."""
-        watcher = PodWatcher(self.core, namespace, job_selector(plan.job_name))
-        job = _Job(
-            name=plan.job_name,
-            namespace=namespace,
-            watcher=watcher,
-            roles={w.name: Role.WORKER for w in plan.workers},
-            master=plan.master.name,
-            plan=plan,
-        )
-        self._jobs[plan.job_name] = job
-        watcher.start("")  # list first
+        job = self._watch(plan, namespace, "")  # list first
+        watcher = job.watcher
         watcher.wait_listed(30)
         with watcher.cond:
             if plan.master.name in watcher.table.pods:
