@@ -103,16 +103,7 @@ class JobResult:
     lines: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_name": self.job_name,
-            "exit_code": self.exit_code,
-            "np": self.np,
-            "hosts": self.hosts,
-            "timings": self.timings,
-            "durations_s": self.durations_s,
-            "result": self.result,
-            "lines": self.lines,
-        }
+        return dataclasses.asdict(self)
 
 
 class JobRunner:
@@ -336,7 +327,7 @@ def resume_or_clean(backend: Backend, spec: MPIJobSpec, identity: RunIdentity) -
     or has ended); remove every other one. Never leaves two jobs for one task."""
     if not isinstance(backend, ReattachableBackend) or identity.try_number <= 1:
         return None
-    namespace = backend.namespace_for(render_plan(spec, identity))
+    namespace = backend.namespace_for(spec)
     adopted: JobPlan | None = None
     for found in sorted(backend.find_jobs(identity, namespace), key=lambda job: job.try_number, reverse=True):
         earlier = render_plan(spec, dataclasses.replace(identity, try_number=found.try_number))

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe
+from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.status import PodState
 
 
@@ -66,8 +67,8 @@ class ReattachableBackend(Backend, Protocol):
     """A backend whose jobs outlive the process that created them (Kubernetes), so a retry can
     find an earlier try's job and reattach. Local pods die with their owner: nothing to find."""
 
-    def namespace_for(self, plan: JobPlan) -> str:
-        """Where the plan's objects live."""
+    def namespace_for(self, spec: MPIJobSpec) -> str:
+        """Where a job of this spec lives."""
 
     def find_jobs(self, identity: RunIdentity, namespace: str) -> list[FoundJob]:
         """Jobs of every try of this task instance."""

@@ -18,7 +18,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -32,7 +32,7 @@ from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owne
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, probes_from_states
-from airflow_mpi.spec import Role
+from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import PodPhase, PodState, PodTable, pod_state_from_k8s
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
@@ -85,7 +85,6 @@ class KubernetesBackend:
         self.create_concurrency = create_concurrency
         self.log_read_timeout = log_read_timeout
         self._jobs: dict[str, _Job] = {}
-        self.on_log_progress: Callable[[str, LogCursor], None] | None = None
 
     # --- clients --------------------------------------------------------------------------
 
@@ -119,9 +118,9 @@ class KubernetesBackend:
 
         return CoreV1Api(self.api_client)
 
-    def namespace_for(self, plan: JobPlan) -> str:
-        if plan.spec.pod.namespace:
-            return plan.spec.pod.namespace
+    def namespace_for(self, spec: MPIJobSpec) -> str:
+        if spec.pod.namespace:
+            return spec.pod.namespace
         if self._namespace:
             return self._namespace
         if self._api_client is None:
@@ -134,7 +133,7 @@ class KubernetesBackend:
     # --- create ---------------------------------------------------------------------------
 
     def create(self, plan: JobPlan) -> None:
-        namespace = self.namespace_for(plan)
+        namespace = self.namespace_for(plan.spec)
         manifests = render_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
         service = self._create_service(namespace, manifests[0])
         owner = render_owner_reference(plan, service["metadata"]["uid"])
@@ -379,8 +378,6 @@ class KubernetesBackend:
                         batch.append(line)
                 if batch:
                     yield batch
-                    if self.on_log_progress is not None:
-                        self.on_log_progress(job.name, job.cursor)
         finally:
             with contextlib.suppress(Exception):
                 response.shutdown()

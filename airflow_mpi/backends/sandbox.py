@@ -170,9 +170,9 @@ class Sandbox:
 
     def record(self) -> dict[str, Any]:
         with self._lock:
-            return self._record()
+            return self._fields()
 
-    def _record(self) -> dict[str, Any]:
+    def _fields(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "subnet": self.subnet,

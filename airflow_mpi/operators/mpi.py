@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
@@ -119,7 +119,7 @@ class MPIJobOperator(BaseOperator):
         )
         return result.to_dict()
 
-    def _defer_start(self, runner: JobRunner, adopted: bool) -> dict[str, Any]:
+    def _defer_start(self, runner: JobRunner, adopted: bool) -> NoReturn:
         if adopted:
             self._defer(runner, "finished")
         try:
@@ -128,9 +128,8 @@ class MPIJobOperator(BaseOperator):
             runner.teardown()
             raise
         self._defer(runner, "ready")
-        raise AssertionError("unreachable: defer() raises")
 
-    def _defer(self, runner: JobRunner, wait_for: str) -> None:
+    def _defer(self, runner: JobRunner, wait_for: str) -> NoReturn:
         from airflow_mpi.triggers.mpi import MPIJobTrigger
 
         plan, backend = runner.plan, runner.backend
@@ -140,7 +139,7 @@ class MPIJobOperator(BaseOperator):
         self.defer(
             trigger=MPIJobTrigger(
                 job_name=plan.job_name,
-                namespace=backend.namespace_for(plan),
+                namespace=backend.namespace_for(spec),
                 kubernetes_conn_id=backend.kubernetes_conn_id,
                 wait_for=wait_for,
                 deadline=time.time() + timeout,
@@ -164,7 +163,7 @@ class MPIJobOperator(BaseOperator):
             raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         progress = _Progress(context)
         assert isinstance(backend, KubernetesBackend)  # checked in _prepare
-        backend.adopt(plan, backend.namespace_for(plan))
+        backend.adopt(plan, backend.namespace_for(spec))
         runner = self._runner = JobRunner(
             backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name)
         )
