@@ -19,7 +19,7 @@ import yaml
 
 from airflow_mpi.exceptions import MPIJobError, SpecError, SpecIssue
 from airflow_mpi.naming import RunIdentity
-from airflow_mpi.spec import MPIJobSpec
+from airflow_mpi.spec import MPIJobSpec, build_slot_plan
 
 
 def load_spec(path: str) -> MPIJobSpec:
@@ -69,8 +69,6 @@ _BlockDumper.add_representer(str, _represent_str)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from airflow_mpi.topology import build_slot_plan
-
     spec = load_spec(args.spec)
     slots = build_slot_plan(spec)
     print(f"{args.spec}: valid. {slots.case_text}; MPI_NP={spec.mpi.np or slots.np} on {slots.rank_nodes} pod(s)")

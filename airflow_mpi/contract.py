@@ -8,6 +8,27 @@ launch script. Nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(str, Enum):
+    """A pod's role: the values of ``GJ_TRAINING_ROLE``."""
+
+    MASTER = "master"
+    WORKER = "worker"
+
+
+class HostsMode(str, Enum):
+    """How mpiexec learns the hosts: the values of ``AIRFLOW_MPI_HOSTS_MODE``."""
+
+    HOST = "host"
+    HOSTFILE = "hostfile"
+
+
+# Pod names (``<job>-<role>-<index>``) are DNS-1123 labels: at most 63 characters. The job name is
+# ``<spec.name>-<JOB_HASH_LEN hex>`` so two runs never collide (naming.build_job_name).
+MAX_DNS_LABEL = 63
+JOB_HASH_LEN = 8
 
 # --- platform environment (seed 000): written into every pod, never by the user -------------
 ENV_ROLE = "GJ_TRAINING_ROLE"

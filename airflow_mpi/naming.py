@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from airflow_mpi.spec import JOB_HASH_LEN, MAX_DNS_LABEL, Role
+from airflow_mpi.contract import JOB_HASH_LEN, MAX_DNS_LABEL, Role
 
 LABEL_PREFIX = "airflow-mpi.io"
 LABEL_JOB = f"{LABEL_PREFIX}/job"

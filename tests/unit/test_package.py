@@ -15,14 +15,19 @@ FORBIDDEN = {"airflow", "kubernetes", "kubernetes_asyncio", "subprocess", "async
 def test_pure_core_imports_no_io_or_frameworks() -> None:
     root = Path(airflow_mpi.__file__).parent
     for name in PURE:
-        tree = ast.parse((root / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            modules = []
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                modules = [node.module]
-            for module in modules:
-                assert module.split(".")[0] not in FORBIDDEN, f"airflow_mpi.{name} imports {module}"
-                if module.startswith("airflow_mpi."):
-                    assert module.split(".")[1] in [*PURE, "scripts"], f"airflow_mpi.{name} imports {module}"
+        files = sorted((root / name).glob("*.py")) if (root / name).is_dir() else [root / f"{name}.py"]
+        for file in files:
+            _assert_pure(name, ast.parse(file.read_text()))
+
+
+def _assert_pure(name: str, tree: ast.Module) -> None:
+    for node in ast.walk(tree):
+        modules = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module]
+        for module in modules:
+            assert module.split(".")[0] not in FORBIDDEN, f"airflow_mpi.{name} imports {module}"
+            if module.startswith("airflow_mpi."):
+                assert module.split(".")[1] in [*PURE, "scripts"], f"airflow_mpi.{name} imports {module}"

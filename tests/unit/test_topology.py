@@ -7,10 +7,9 @@ from typing import Any
 import pytest
 
 from airflow_mpi.naming import build_job_name
-from airflow_mpi.spec import Role
+from airflow_mpi.spec import Role, build_slot_plan
 from airflow_mpi.topology import (
     build_platform_env,
-    build_slot_plan,
     build_topology,
     render_hostfile,
     render_mpi_host,

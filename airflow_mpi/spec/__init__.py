@@ -1,0 +1,46 @@
+"""The MPI job spec: frozen, typed, loadable from a dict (YAML/JSON), validated in full before I/O.
+
+``types`` holds the dataclasses, ``parsing`` turns plain data into them, ``validation`` (with
+``mpi_validation`` and ``pod_validation``) holds the rules, ``quantities`` and ``formats`` the
+Kubernetes formats, ``slots`` the slot plan. Import the public names from here.
+"""
+
+from __future__ import annotations
+
+from airflow_mpi.contract import JOB_HASH_LEN, MAX_DNS_LABEL, HostsMode, Role
+from airflow_mpi.spec.formats import is_dns_label, max_name_length
+from airflow_mpi.spec.quantities import parse_cpu, render_cpu
+from airflow_mpi.spec.slots import SlotPlan, build_slot_plan
+from airflow_mpi.spec.types import (
+    MasterSpec,
+    MPIJobSpec,
+    MPIOptions,
+    PodSettings,
+    RoleSpec,
+    Toleration,
+    Volume,
+    WorkerSpec,
+)
+from airflow_mpi.spec.validation import collect_spec_issues
+
+__all__ = [
+    "JOB_HASH_LEN",
+    "MAX_DNS_LABEL",
+    "HostsMode",
+    "MPIJobSpec",
+    "MPIOptions",
+    "MasterSpec",
+    "PodSettings",
+    "Role",
+    "RoleSpec",
+    "SlotPlan",
+    "Toleration",
+    "Volume",
+    "WorkerSpec",
+    "build_slot_plan",
+    "collect_spec_issues",
+    "is_dns_label",
+    "max_name_length",
+    "parse_cpu",
+    "render_cpu",
+]

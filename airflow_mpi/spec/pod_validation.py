@@ -1,0 +1,109 @@
+"""The rules of the pod settings: Kubernetes names, labels, tolerations and volumes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from airflow_mpi.contract import DEFAULT_PATHS, MAX_DNS_LABEL
+from airflow_mpi.exceptions import SpecIssue
+from airflow_mpi.spec.formats import DNS1123_LABEL, DNS_SUBDOMAIN, LABEL_VALUE, is_dns_label, is_qualified_name
+from airflow_mpi.spec.quantities import QUANTITY
+
+if TYPE_CHECKING:
+    from airflow_mpi.spec.types import MPIJobSpec
+
+PULL_POLICIES = {"Always", "IfNotPresent", "Never"}
+TOLERATION_OPERATORS = {"Equal", "Exists"}
+TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
+
+
+def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
+    pod = spec.pod
+    issues = []
+    if pod.namespace is not None and not (len(pod.namespace) <= MAX_DNS_LABEL and DNS1123_LABEL.match(pod.namespace)):
+        issues.append(SpecIssue("pod.namespace", f"{pod.namespace!r} is not a namespace name", "use a DNS-1123 label"))
+    issues += _check_label_map("pod.node_selector", pod.node_selector)
+    issues += _check_label_map("pod.labels", pod.labels)
+    for key in pod.annotations:
+        if not is_qualified_name(key):
+            issues.append(SpecIssue(f"pod.annotations.{key}", "is not a valid annotation key", "use [prefix/]name"))
+    for index, toleration in enumerate(pod.tolerations):
+        path = f"pod.tolerations[{index}]"
+        if toleration.operator not in TOLERATION_OPERATORS:
+            issues.append(SpecIssue(f"{path}.operator", f"{toleration.operator!r}", "use 'Equal' or 'Exists'"))
+        if toleration.effect is not None and toleration.effect not in TOLERATION_EFFECTS:
+            issues.append(
+                SpecIssue(f"{path}.effect", f"{toleration.effect!r}", f"use one of {sorted(TOLERATION_EFFECTS)}")
+            )
+        if toleration.operator == "Exists" and toleration.value:
+            issues.append(SpecIssue(f"{path}.value", "must be empty with operator Exists", "remove it"))
+        if toleration.key is None and toleration.operator != "Exists":
+            issues.append(
+                SpecIssue(f"{path}.key", "is empty with operator Equal", "give a key, or use operator Exists")
+            )
+    reserved_mounts = {DEFAULT_PATHS.config_dir, DEFAULT_PATHS.ssh_secret_dir, DEFAULT_PATHS.runtime_dir}
+    if pod.shm_size:
+        reserved_mounts.add("/dev/shm")
+    seen_names: set[str] = set()
+    seen_paths: set[str] = set()
+    for index, volume in enumerate(pod.volumes):
+        path = f"pod.volumes[{index}]"
+        if not is_dns_label(volume.name) or volume.name in {"mpi-config", "mpi-ssh", "mpi-runtime", "dshm"}:
+            issues.append(
+                SpecIssue(f"{path}.name", f"{volume.name!r} is not a free DNS-1123 label", "use another name")
+            )
+        if volume.name in seen_names:
+            issues.append(SpecIssue(f"{path}.name", f"{volume.name!r} is used twice", "give each volume its own name"))
+        seen_names.add(volume.name)
+        if not volume.mount_path.startswith("/"):
+            issues.append(SpecIssue(f"{path}.mount_path", f"{volume.mount_path!r} is not absolute", "use a pod path"))
+        mount = volume.mount_path.rstrip("/") or "/"
+        clash = [r for r in reserved_mounts if mount == r or r.startswith(mount + "/") or mount.startswith(r + "/")]
+        if clash or mount == "/":
+            issues.append(
+                SpecIssue(
+                    f"{path}.mount_path", f"{mount!r} overlaps {clash or ['/']} used by the job", "mount elsewhere"
+                )
+            )
+        if mount in seen_paths:
+            issues.append(SpecIssue(f"{path}.mount_path", f"{mount!r} is mounted twice", "use one volume per path"))
+        seen_paths.add(mount)
+        if len(volume.sources) != 1:
+            issues.append(
+                SpecIssue(
+                    path,
+                    f"has {len(volume.sources)} sources {list(volume.sources)}",
+                    "give exactly one of host_path, persistent_volume_claim, config_map, secret, empty_dir",
+                )
+            )
+        if volume.host_path is not None and not volume.host_path.startswith("/"):
+            issues.append(
+                SpecIssue(f"{path}.host_path", f"{volume.host_path!r} is not absolute", "use an absolute path")
+            )
+    for index, secret in enumerate(pod.image_pull_secrets):
+        if not DNS_SUBDOMAIN.match(secret):
+            issues.append(SpecIssue(f"pod.image_pull_secrets[{index}]", f"{secret!r} is not a Secret name", "fix it"))
+    if pod.image_pull_policy is not None and pod.image_pull_policy not in PULL_POLICIES:
+        issues.append(
+            SpecIssue("pod.image_pull_policy", f"{pod.image_pull_policy!r}", f"use one of {sorted(PULL_POLICIES)}")
+        )
+    for key in ("service_account", "priority_class"):
+        value = getattr(pod, key)
+        if value is not None and not DNS_SUBDOMAIN.match(value):
+            issues.append(SpecIssue(f"pod.{key}", f"{value!r} is not a valid object name", "use a DNS-1123 name"))
+    if pod.shm_size is not None and not QUANTITY.match(pod.shm_size):
+        issues.append(SpecIssue("pod.shm_size", f"{pod.shm_size!r} is not a quantity", "use e.g. '2Gi'"))
+    return issues
+
+
+def _check_label_map(path: str, labels: Mapping[str, str]) -> list[SpecIssue]:
+    issues = []
+    for key, value in labels.items():
+        if not is_qualified_name(key):
+            issues.append(SpecIssue(f"{path}.{key}", "is not a valid label key", "use [prefix/]name, name <= 63 chars"))
+        if not isinstance(value, str) or len(value) > MAX_DNS_LABEL or not LABEL_VALUE.match(value):
+            issues.append(
+                SpecIssue(f"{path}.{key}", f"value {value!r} is not a valid label value", "use <= 63 of [A-Za-z0-9._-]")
+            )
+    return issues

@@ -1,0 +1,42 @@
+"""Kubernetes quantities: CPU cores from ``2``, ``0.5`` or ``"500m"``, and back."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e\d+)?$")
+CPU_MILLI = Decimal("0.001")
+
+
+def is_quantity(value: object) -> bool:
+    """A Kubernetes quantity such as ``8Gi``, ``512Mi`` or ``500m``."""
+    return isinstance(value, str) and bool(QUANTITY.match(value))
+
+
+def parse_cpu(value: object) -> Decimal | None:
+    """Cores from ``2``, ``0.5``, ``"2"`` or ``"500m"``; ``None`` if it is not a CPU quantity."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        try:
+            cores = Decimal(str(value))
+        except InvalidOperation:
+            return None
+        return cores if cores.is_finite() else None
+    if isinstance(value, str) and QUANTITY.match(value):
+        if value.endswith("m"):
+            return Decimal(value[:-1]) / 1000
+        if value[-1].isdigit() or "." in value:
+            try:
+                return Decimal(value)
+            except InvalidOperation:
+                return None
+    return None
+
+
+def render_cpu(cores: Decimal) -> str:
+    """Kubernetes quantity for a number of cores: ``2`` or ``500m``."""
+    if cores == cores.to_integral_value():
+        return str(int(cores))
+    return f"{int((cores * 1000).to_integral_value())}m"

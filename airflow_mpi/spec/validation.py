@@ -1,0 +1,299 @@
+"""The spec's semantic rules: every problem of a well-typed spec, each naming the field and the fix.
+
+The job-level rules live here; the mpiexec options' and the pod settings' have their own modules.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from airflow_mpi.contract import JOB_HASH_LEN, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, HostsMode
+from airflow_mpi.exceptions import SpecIssue
+from airflow_mpi.spec.formats import DNS_LABEL, ENV_NAME, RESOURCE_NAME, max_name_length
+from airflow_mpi.spec.mpi_validation import OWNED_MCA, check_mpi
+from airflow_mpi.spec.pod_validation import check_pod
+from airflow_mpi.spec.quantities import CPU_MILLI, QUANTITY, parse_cpu
+from airflow_mpi.spec.slots import build_slot_plan
+
+if TYPE_CHECKING:
+    from airflow_mpi.spec.types import MPIJobSpec
+
+LAUNCHERS = {
+    "deepspeed": "DeepSpeed's launcher",
+    "torchrun": "torchrun",
+    "horovodrun": "horovodrun",
+    "mpirun": "mpirun",
+    "mpiexec": "mpiexec",
+    "accelerate": "accelerate's launcher",
+}
+LAUNCHER_MODULES = ("deepspeed.launcher", "torch.distributed.run", "torch.distributed.launch")
+SCRIPT_INTERPRETERS = {".sh": "bash", ".bash": "bash", ".py": "python", ".pl": "perl"}
+
+
+def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) -> list[SpecIssue]:
+    """Every semantic problem of a well-typed spec. ``skip``: fields already reported as mistyped."""
+    checks = (
+        _check_name,
+        _check_command,
+        _check_roles,
+        _check_slots,
+        _check_env,
+        check_mpi,
+        _check_job_settings,
+        check_pod,
+    )
+    issues: list[SpecIssue] = []
+    for check in checks:
+        for issue in check(spec):
+            if not any(issue.field == s or issue.field.startswith(s + ".") for s in skip):
+                issues.append(issue)
+    return issues
+
+
+def _check_name(spec: MPIJobSpec) -> list[SpecIssue]:
+    name = spec.name
+    if not isinstance(name, str) or not name:
+        return [SpecIssue("name", "is empty", "give the job a short name such as 'train-digits'")]
+    issues = []
+    if not DNS_LABEL.match(name):
+        issues.append(
+            SpecIssue(
+                "name",
+                f"{name!r} cannot become a DNS-1123 label (pod and host names are built from it)",
+                "use lowercase letters, digits and '-', starting with a letter and ending with a letter or digit",
+            )
+        )
+    limit = max_name_length(max(spec.workers.replicas, 0) if isinstance(spec.workers.replicas, int) else 0)
+    if len(name) > limit:
+        longest = f"{name}-{'h' * JOB_HASH_LEN}-worker-{max(spec.workers.replicas - 1, 0)}"
+        issues.append(
+            SpecIssue(
+                "name",
+                f"{name!r} is {len(name)} characters: the longest pod host name would be {len(longest)} > 63",
+                f"use at most {limit} characters (63 minus the run hash and the '-worker-N' suffix)",
+            )
+        )
+    return issues
+
+
+def _check_command(spec: MPIJobSpec) -> list[SpecIssue]:
+    command = spec.command
+    if not command:
+        return [SpecIssue("command", "is empty", "give the entry as an argv list, e.g. ['python', '/app/train.py']")]
+    issues = []
+    for index, arg in enumerate(command):
+        if not isinstance(arg, str):
+            issues.append(SpecIssue(f"command[{index}]", f"{arg!r} is not a string", "quote it"))
+        elif "\0" in arg:
+            issues.append(SpecIssue(f"command[{index}]", "contains a NUL byte", "remove it"))
+    if issues:
+        return issues
+    program = command[0].rsplit("/", 1)[-1]
+    if program in LAUNCHERS:
+        issues.append(
+            SpecIssue(
+                "command",
+                f"starts with {LAUNCHERS[program]} ({command[0]!r}); mpiexec already starts one process per "
+                "slot, a second launcher clashes ranks (seed 002 FAQ)",
+                "run the script itself, e.g. ['python', 'train.py', ...]: under MPI DeepSpeed is a library only",
+            )
+        )
+    if _is_python(program) and len(command) > 2 and command[1] == "-m":
+        module = command[2]
+        if any(module == m or module.startswith(m + ".") for m in LAUNCHER_MODULES):
+            issues.append(
+                SpecIssue(
+                    "command",
+                    f"runs the launcher module {module!r} under mpiexec (two launchers clash ranks)",
+                    "run the training script directly: ['python', 'train.py', ...]",
+                )
+            )
+    for suffix, interpreter in SCRIPT_INTERPRETERS.items():
+        if program.endswith(suffix):
+            issues.append(
+                SpecIssue(
+                    "command",
+                    f"starts with the script {command[0]!r} without an interpreter; remote nodes may not run "
+                    "it (seed 002 FAQ)",
+                    f"say [{interpreter!r}, {command[0]!r}, ...]",
+                )
+            )
+    return issues
+
+
+def _is_python(program: str) -> bool:
+    return bool(re.match(r"^python[0-9.]*$", program))
+
+
+def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
+    issues = []
+    if spec.master.replicas != 1:
+        issues.append(
+            SpecIssue(
+                "master.replicas",
+                f"is {spec.master.replicas}; an MPI job has exactly one master (the launcher)",
+                "set master.replicas to 1 and add workers with workers.replicas",
+            )
+        )
+    if spec.workers.replicas < 0:
+        issues.append(SpecIssue("workers.replicas", f"is {spec.workers.replicas}", "use 0 or more workers"))
+    for role_name, role in (("master", spec.master), ("workers", spec.workers)):
+        cores = parse_cpu(role.cpu)
+        if cores is None:
+            issues.append(
+                SpecIssue(f"{role_name}.cpu", f"{role.cpu!r} is not a CPU quantity", "use cores like 2, 0.5 or '500m'")
+            )
+        elif cores <= 0:
+            issues.append(SpecIssue(f"{role_name}.cpu", f"is {role.cpu!r}", "give at least 1 core (or e.g. '500m')"))
+        elif cores % CPU_MILLI:
+            issues.append(SpecIssue(f"{role_name}.cpu", f"{role.cpu!r} is finer than 1m", "round to whole millicores"))
+        if role.memory is not None and not (isinstance(role.memory, str) and QUANTITY.match(role.memory)):
+            issues.append(
+                SpecIssue(
+                    f"{role_name}.memory", f"{role.memory!r} is not a memory quantity", "use e.g. '8Gi' or '512Mi'"
+                )
+            )
+        if role.gpus < 0:
+            issues.append(SpecIssue(f"{role_name}.gpus", f"is {role.gpus}", "use 0 (CPU only) or more GPUs"))
+        if not RESOURCE_NAME.match(role.gpu_resource):
+            issues.append(
+                SpecIssue(
+                    f"{role_name}.gpu_resource",
+                    f"{role.gpu_resource!r} is not an extended resource name",
+                    "use e.g. 'nvidia.com/gpu' or 'amd.com/gpu'",
+                )
+            )
+    master, workers = spec.master, spec.workers
+    if master.gpus > 0 and workers.gpus > 0 and workers.replicas > 0:
+        rule = "when both roles use GPUs, the GPU model and GPUs per node must be the same (seed 000)"
+        if master.gpus != workers.gpus:
+            issues.append(
+                SpecIssue(
+                    "workers.gpus",
+                    f"is {workers.gpus} but master.gpus is {master.gpus}; {rule}",
+                    "give both roles the same number of GPUs, or give the master 0 GPUs (it then runs no rank)",
+                )
+            )
+        if master.gpu_resource != workers.gpu_resource:
+            issues.append(
+                SpecIssue(
+                    "workers.gpu_resource",
+                    f"is {workers.gpu_resource!r} but master.gpu_resource is {master.gpu_resource!r}; {rule}",
+                    "use the same GPU resource on both roles",
+                )
+            )
+        if master.gpu_type != workers.gpu_type:
+            issues.append(
+                SpecIssue(
+                    "workers.gpu_type",
+                    f"is {workers.gpu_type!r} but master.gpu_type is {master.gpu_type!r}; {rule}",
+                    "use the same GPU model on both roles",
+                )
+            )
+    return issues
+
+
+def _check_slots(spec: MPIJobSpec) -> list[SpecIssue]:
+    if spec.master.replicas != 1 or spec.workers.replicas < 0 or spec.master.gpus < 0 or spec.workers.gpus < 0:
+        return []  # reported by _check_roles
+    slot_plan = build_slot_plan(spec)
+    issues = []
+    for role_name, role in (("master", spec.master), ("workers", spec.workers)):
+        if slot_plan.slots_from_cpu and (role_name == "master" or spec.workers.replicas > 0):
+            cores = parse_cpu(role.cpu)
+            if cores is not None and cores > 0 and cores != cores.to_integral_value():
+                issues.append(
+                    SpecIssue(
+                        f"{role_name}.cpu",
+                        f"{role.cpu!r} cores cannot be MPI slots; with no GPUs on either role the slots are the "
+                        "CPU cores (seed 000)",
+                        "use a whole number of cores",
+                    )
+                )
+    if spec.master.gpus > 0 and spec.workers.gpus == 0 and spec.workers.replicas > 0:
+        issues.append(
+            SpecIssue(
+                "workers.gpus",
+                f"is 0 while master.gpus is {spec.master.gpus}: the {spec.workers.replicas} worker(s) would get no "
+                "rank (seed 000: with GPUs on the master only, only the master runs ranks)",
+                f"give workers {spec.master.gpus} GPUs like the master, or set workers.replicas to 0",
+            )
+        )
+    if slot_plan.np <= 0:
+        issues.append(
+            SpecIssue(
+                "workers.replicas",
+                f"the resources give MPI_NP={slot_plan.np}: {slot_plan.case_text}",
+                "add workers (workers.replicas >= 1), or give the master GPUs or CPU slots",
+            )
+        )
+    mpi = spec.mpi
+    if mpi.np is not None and mpi.np > slot_plan.np > 0 and not mpi.oversubscribe:
+        issues.append(
+            SpecIssue(
+                "mpi.np",
+                f"is {mpi.np} but the hosts have {slot_plan.np} slots",
+                f"use at most {slot_plan.np}, add workers, or set mpi.oversubscribe (debugging only)",
+            )
+        )
+    if mpi.npernode is not None and mpi.npernode >= 1 and slot_plan.np > 0:
+        capacity = mpi.npernode * slot_plan.rank_nodes
+        wanted = mpi.np if mpi.np is not None else slot_plan.np
+        if wanted > capacity:
+            issues.append(
+                SpecIssue(
+                    "mpi.npernode",
+                    f"{mpi.npernode} per node on {slot_plan.rank_nodes} node(s) holds {capacity} ranks, "
+                    f"but {wanted} are asked",
+                    f"raise mpi.npernode to {-(-wanted // slot_plan.rank_nodes)} or set mpi.np to {capacity}",
+                )
+            )
+    return issues
+
+
+def _check_env(spec: MPIJobSpec) -> list[SpecIssue]:
+    issues = []
+    for name, value in spec.env.items():
+        path = f"env.{name}"
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            issues.append(
+                SpecIssue(path, f"{name!r} is not an environment variable name", "use [A-Za-z_][A-Za-z0-9_]*")
+            )
+            continue
+        if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+            issues.append(
+                SpecIssue(
+                    path,
+                    "is written by the platform or computed by the launch script; users must not set it "
+                    "(GJ_TRAINING_*, MPI_HOST, MPI_NP, MPI_HOSTS, NCCL_IB_*, AIRFLOW_MPI_*)",
+                    "remove it from env; size the job with master/workers and hosts_mode instead",
+                )
+            )
+        mca = name[len("OMPI_MCA_") :] if name.startswith("OMPI_MCA_") else ""
+        if mca in OWNED_MCA:
+            issues.append(SpecIssue(path, f"would change the owned MCA parameter {mca}: {OWNED_MCA[mca]}", "remove it"))
+        if not isinstance(value, str):
+            issues.append(SpecIssue(path, f"value {value!r} is not a string", "quote it"))
+        elif "\0" in value:
+            issues.append(SpecIssue(path, "contains a NUL byte", "remove it"))
+    return issues
+
+
+def _check_job_settings(spec: MPIJobSpec) -> list[SpecIssue]:
+    issues = []
+    if spec.timeout < 1:
+        issues.append(SpecIssue("timeout", f"is {spec.timeout}", "give the job's limit in seconds, e.g. 3600"))
+    if spec.startup_timeout < 1:
+        issues.append(
+            SpecIssue(
+                "startup_timeout", f"is {spec.startup_timeout}", "give seconds for pods and sshd to start, e.g. 300"
+            )
+        )
+    if not 1 <= spec.ssh_port <= 65535:
+        issues.append(SpecIssue("ssh_port", f"is {spec.ssh_port}", "use a TCP port 1-65535 (default 22)"))
+    if spec.image and re.search(r"\s", spec.image):
+        issues.append(SpecIssue("image", f"{spec.image!r} contains whitespace", "use an image reference"))
+    if not isinstance(spec.hosts_mode, HostsMode):
+        issues.append(SpecIssue("hosts_mode", f"{spec.hosts_mode!r} is not a hosts mode", "use 'host' or 'hostfile'"))
+    return issues
