@@ -1,7 +1,8 @@
-"""sshd readiness: what one ssh login attempt to a worker says, in the words of seed 002's FAQ.
+"""sshd readiness: what one ssh login attempt to a worker says, as a problem and its fix.
 
-The operator, the sensor and the local backend share these; the launch script classifies the
-same ssh messages the same way in bash (tests compare the two on the same samples).
+The operator, the sensor and the local backend share these. The launch script classifies the
+same ssh messages the same way in bash: its markers and hints are these, word for word (a test
+reads the script and compares). Each problem is explained in docs/contract.md#failures-and-fixes.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ class HostProblem(str, Enum):
     SSH_FAILED = "ssh failed"
 
 
-# (problem, markers in ssh's stderr), checked in order.
-_MARKERS: tuple[tuple[HostProblem, tuple[str, ...]], ...] = (
+# (problem, markers in ssh's stderr), checked in order; launch.sh's probe_host matches the same.
+SSH_FAILURE_MARKERS: tuple[tuple[HostProblem, tuple[str, ...]], ...] = (
     (
         HostProblem.NOT_RESOLVING,
         ("Could not resolve hostname", "Name or service not known", "Temporary failure in name resolution"),
@@ -38,15 +39,18 @@ _MARKERS: tuple[tuple[HostProblem, tuple[str, ...]], ...] = (
     (HostProblem.NO_ANSWER, ("timed out", "No route to host", "Network is unreachable")),
 )
 
-_HINTS = {
+# What each problem means and how to fix it; ``{host}`` and ``{port}`` are filled in (launch.sh
+# prints the first five with ``$host`` and ``$port``).
+PROBLEM_HINTS = {
     HostProblem.NOT_RESOLVING: "{host} has no address (pod not running yet, or the headless Service is missing)",
-    HostProblem.PORT_CLOSED: "nothing listens on port {port} (sshd not running in the pod; seed 002 FAQ "
-    "'mpirun prints nothing or hangs': check 'ps aux | grep sshd' and 'ss -lntp | grep :{port}' in the pod)",
-    HostProblem.KEY_REFUSED: "sshd rejected the job key (authorized_keys or file modes; seed 002 FAQ "
-    "'Permission denied (publickey)')",
+    HostProblem.PORT_CLOSED: "nothing listens on port {port}: sshd is not running in the pod, so mpirun prints "
+    "nothing or hangs; check 'ps aux | grep sshd' and 'ss -lntp | grep :{port}' in the pod",
+    HostProblem.KEY_REFUSED: "sshd rejected the job key (Permission denied (publickey)): the job's public key "
+    "must be in authorized_keys, and sshd refuses key files others can read (files 0600 under a 0700 directory)",
     HostProblem.HOST_KEY_MISMATCH: "the host answering as {host} is not this job's pod "
     "(its host key is not the pinned one)",
-    HostProblem.NO_ANSWER: "packets to {host} port {port} are dropped (network policy or routing)",
+    HostProblem.NO_ANSWER: "packets to {host} port {port} are dropped (network policy or routing): allow TCP to "
+    "port {port} between the job's pods",
     HostProblem.POD_ENDED: "the pod's process ended before sshd answered",
     HostProblem.NOT_READY: "the pod is not running yet",
     HostProblem.SSH_FAILED: "ssh failed",
@@ -66,7 +70,7 @@ class HostProbe:
     def describe(self, port: int = 22) -> str:
         if self.ok:
             return f"{self.host}: ok"
-        hint = _HINTS[self.problem].format(host=self.host, port=port)
+        hint = PROBLEM_HINTS[self.problem].format(host=self.host, port=port)
         detail = f" [{self.detail}]" if self.detail else ""
         return f"{self.host}: {self.problem.value}: {hint}{detail}"
 
@@ -77,7 +81,7 @@ def classify_ssh_result(host: str, returncode: int, stderr: str) -> HostProbe:
         return HostProbe(host, HostProblem.OK)
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     last = lines[-1] if lines else f"exit code {returncode}"
-    for problem, markers in _MARKERS:
+    for problem, markers in SSH_FAILURE_MARKERS:
         if any(marker in stderr for marker in markers):
             return HostProbe(host, problem, last)
     return HostProbe(host, HostProblem.SSH_FAILED, last)

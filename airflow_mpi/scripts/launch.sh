@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# airflow-mpi launch script: the same file runs in every pod of an MPI job (seed 000).
+# airflow-mpi launch script: the same file runs in every pod of an MPI job. What it reads, writes
+# and runs is the pod contract, docs/contract.md (anchors below name its sections).
 #
 #   launch.sh               by GJ_TRAINING_ROLE:
 #                             worker  prepare /run/sshd, exec sshd (nothing else)
-#                             master  compute MPI_HOSTS and MPI_NP (seed 000's four cases, or
+#                             master  compute MPI_HOSTS and MPI_NP (the four host/NP cases, or
 #                                     /etc/mpi/hostfile in hostfile mode), start sshd, wait until
 #                                     every host accepts the job key, print hosts/NP, exec mpiexec
 #   launch.sh rank CMD...   what mpiexec starts on every slot: sets RANK, WORLD_SIZE, LOCAL_RANK,
@@ -20,6 +21,7 @@ SECRET_DIR="${AIRFLOW_MPI_SSH_SECRET_DIR:-/etc/airflow-mpi/ssh}"
 RUNTIME_DIR="${AIRFLOW_MPI_RUNTIME_DIR:-/run/airflow-mpi}"
 SSH_DIR="${RUNTIME_DIR}/ssh"
 SSHD="${AIRFLOW_MPI_SSHD:-/usr/sbin/sshd}"
+# contract.SSH_SHARED_FILES plus this pod's own host key (docs/contract.md#pod-paths)
 SSH_FILES=(id_ed25519 id_ed25519.pub authorized_keys known_hosts ssh_config sshd_config ssh_host_ed25519_key)
 PROBE_CONCURRENCY=32
 
@@ -66,13 +68,14 @@ install_ssh() {
     cat "$SECRET_DIR/$file" >"$SSH_DIR/$file"
     chmod 0600 "$SSH_DIR/$file"
   done
-  # seed 002 FAQ: "Missing privilege separation directory: /run/sshd"
+  # sshd exits with "Missing privilege separation directory: /run/sshd" without it
+  # (docs/contract.md#sshd-missing-privilege-separation-directory)
   mkdir -p /run/sshd
   chmod 0755 /run/sshd
   umask 022
 }
 
-# --- master: hosts and NP (seed 000) ---------------------------------------------------------
+# --- master: hosts and NP (docs/contract.md#host-and-np) -------------------------------------
 
 build_worker_hosts() { # slots -> "host:slots,..." from MPI_HOST, empty items dropped
   local slots="$1" item sep="" out=""
@@ -185,6 +188,8 @@ load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x o
 
 # --- master: ssh checks ----------------------------------------------------------------------
 
+# The markers and hints are airflow_mpi.readiness's SSH_FAILURE_MARKERS and PROBLEM_HINTS, word
+# for word (tests/unit/test_launch_script_contract.py compares them).
 probe_host() { # host -> exit 0, or print the reason it is not usable and exit 1
   local host="$1" port="${AIRFLOW_MPI_SSH_PORT:-22}" out
   # An authenticated session on the in-process sftp subsystem: no remote shell is started.
@@ -195,13 +200,13 @@ probe_host() { # host -> exit 0, or print the reason it is not usable and exit 1
     *"Could not resolve hostname"* | *"Name or service not known"* | *"Temporary failure in name resolution"*)
       echo "not resolving: $host has no address (pod not running yet, or the headless Service is missing)" ;;
     *"Connection refused"*)
-      echo "port closed: nothing listens on port $port (sshd not running in the pod; check 'ps aux | grep sshd' and 'ss -lntp | grep :$port')" ;;
+      echo "port closed: nothing listens on port $port: sshd is not running in the pod, so mpirun prints nothing or hangs; check 'ps aux | grep sshd' and 'ss -lntp | grep :$port' in the pod" ;;
     *"Permission denied"*)
-      echo "key refused: sshd rejected the job key (authorized_keys or file modes; seed 002 FAQ 'Permission denied (publickey)')" ;;
-    *"Host key verification failed"* | *"REMOTE HOST IDENTIFICATION HAS CHANGED"* | *"key for"*"not known"*)
-      echo "host key mismatch: the host answering as $host is not this job's pod" ;;
+      echo "key refused: sshd rejected the job key (Permission denied (publickey)): the job's public key must be in authorized_keys, and sshd refuses key files others can read (files 0600 under a 0700 directory)" ;;
+    *"Host key verification failed"* | *"REMOTE HOST IDENTIFICATION HAS CHANGED"*)
+      echo "host key mismatch: the host answering as $host is not this job's pod (its host key is not the pinned one)" ;;
     *"timed out"* | *"No route to host"* | *"Network is unreachable"*)
-      echo "no answer: packets to $host port $port are dropped (network policy or routing)" ;;
+      echo "no answer: packets to $host port $port are dropped (network policy or routing): allow TCP to port $port between the job's pods" ;;
     *)
       echo "ssh failed: $(printf '%s' "$out" | tail -n 1)" ;;
   esac

@@ -1,4 +1,4 @@
-"""Readiness probes explained in the seed FAQ's words."""
+"""Readiness probes: each failing host named with its problem and the fix."""
 
 from __future__ import annotations
 
@@ -21,3 +21,4 @@ def test_summary_has_a_line_per_failing_host() -> None:
     assert lines[1].startswith("  w-1.job: port closed: nothing listens on port 22")
     assert "mpirun prints nothing or hangs" in lines[1]
     assert lines[2].startswith("  w-2.job: key refused") and "Permission denied (publickey)" in lines[2]
+    assert "authorized_keys" in lines[2] and "0600" in lines[2]  # the fix, not a document to look up
