@@ -1,8 +1,9 @@
 """The pod contract: the names and paths every pod, the launch script and both backends agree on.
 
-Platform variables come from seed 000 (the GJ platform); ``/etc/mpi/hostfile`` from seed 002
-(Baige / MPI Operator). The ``AIRFLOW_MPI_*`` variables are ours and are read only by the
-launch script. Nothing here does I/O.
+docs/contract.md explains each of them to users. The platform variables (``GJ_TRAINING_*``,
+``MPI_HOST``) are what an MPI training platform writes into every pod; airflow-mpi writes them
+itself. The ``AIRFLOW_MPI_*`` variables are ours and are read only by the launch script. Nothing
+here does I/O.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from enum import Enum
 
 
 class Role(str, Enum):
-    """A pod's role: the values of ``GJ_TRAINING_ROLE``."""
+    """A pod's role: the values of ``GJ_TRAINING_ROLE`` (docs/contract.md#roles-and-names)."""
 
     MASTER = "master"
     WORKER = "worker"
 
 
 class HostsMode(str, Enum):
-    """How mpiexec learns the hosts: the values of ``AIRFLOW_MPI_HOSTS_MODE``."""
+    """How mpiexec learns the hosts: the values of ``AIRFLOW_MPI_HOSTS_MODE``
+    (docs/contract.md#hostfile-mode)."""
 
     HOST = "host"
     HOSTFILE = "hostfile"
@@ -30,7 +32,8 @@ class HostsMode(str, Enum):
 MAX_DNS_LABEL = 63
 JOB_HASH_LEN = 8
 
-# --- platform environment (seed 000): written into every pod, never by the user -------------
+# --- platform environment: written into every pod, never by the user ------------------------
+# (docs/contract.md#platform-variables)
 ENV_ROLE = "GJ_TRAINING_ROLE"
 ENV_JOB_NAME = "GJ_TRAINING_VC_JOB_NAME"
 ENV_POD_NAME = "GJ_TRAINING_POD_NAME"
@@ -53,7 +56,8 @@ ENV_CONFIG_DIR = "AIRFLOW_MPI_CONFIG_DIR"
 ENV_SSH_SECRET_DIR = "AIRFLOW_MPI_SSH_SECRET_DIR"  # noqa: S105 (a variable name)
 ENV_RUNTIME_DIR = "AIRFLOW_MPI_RUNTIME_DIR"
 
-# Names the user may not set in ``env`` (the platform owns them, or the script computes them).
+# Names the user may not set in ``env`` (the platform owns them, or the script computes them;
+# docs/contract.md#reserved-names).
 RESERVED_ENV_NAMES = frozenset(
     {
         ENV_ROLE,
@@ -97,7 +101,8 @@ SSH_SHARED_FILES = (SSH_CLIENT_KEY, SSH_CLIENT_PUB, SSH_AUTHORIZED_KEYS, SSH_KNO
 
 @dataclass(frozen=True)
 class PodPaths:
-    """Where the pod's files live inside the pod (the same on Kubernetes and locally)."""
+    """Where the pod's files live inside the pod, the same on Kubernetes and locally
+    (docs/contract.md#pod-paths)."""
 
     config_dir: str = "/etc/mpi"  # ConfigMap: launch.sh, mpiexec.args, hostfile
     ssh_secret_dir: str = "/etc/airflow-mpi/ssh"  # noqa: S105 (the Secret's mount path)

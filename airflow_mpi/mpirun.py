@@ -1,9 +1,10 @@
 """The mpiexec command line (Open MPI 4.x names), built from the typed ``MPIOptions``.
 
 Split in two: the host part (``--host``/``--hostfile`` and ``-np``) that the launch script
-computes from the platform environment (seed 000), and the *tail* (every other option, then the
+computes from the platform environment (docs/contract.md#host-and-np), and the *tail* (every other option, then the
 rank wrapper and the user's command) that is rendered here and shipped to the pod as
 ``/etc/mpi/mpiexec.args`` (a quoted bash array). ``build_mpiexec_argv`` joins both, exactly as the script will.
+Which options are always added, and why: docs/contract.md#mpiexec-options.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ENV_FILE_VAR = "AIRFLOW_MPI_ENV_FILE"
 
 
 def build_host_args(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
-    """``--host h:n,...`` (seed 000) or ``--hostfile /etc/mpi/hostfile`` (seed 002), never both."""
+    """``--host h:n,...`` or ``--hostfile /etc/mpi/hostfile``, never both (docs/contract.md#hostfile-mode)."""
     if spec.hosts_mode is HostsMode.HOSTFILE:
         return ["--hostfile", paths.hostfile]
     return ["--host", render_mpi_hosts(topology)]
@@ -38,7 +39,7 @@ def build_mpiexec_tail(spec: MPIJobSpec, topology: Topology, paths: PodPaths = D
         args.append("--oversubscribe")
 
     mca: dict[str, str] = {
-        # Any rank exiting non-zero ends the whole job (seed 002 fault handling).
+        # Any rank exiting non-zero ends the whole job (with 0, mpiexec returned 0 although a rank exited 3).
         "orte_abort_on_non_zero_status": "1",
         # Keep <pod>.<job>: Open MPI strips the domain otherwise, and known_hosts pins full names.
         "orte_keep_fqdn_hostnames": "1",
@@ -79,7 +80,7 @@ def build_mpiexec_tail(spec: MPIJobSpec, topology: Topology, paths: PodPaths = D
 
 
 def build_rank_exports(spec: MPIJobSpec, topology: Topology) -> list[str]:
-    """``-x`` items: the seed's PATH/LD_LIBRARY_PATH, the user's env, torch.distributed's rendezvous."""
+    """``-x`` items: PATH/LD_LIBRARY_PATH by default, the user's env, torch.distributed's rendezvous."""
     exports = list(spec.mpi.export_env)
     named = {item.split("=", 1)[0] for item in exports}
     exports += [name for name in spec.env if name not in named]
@@ -96,13 +97,14 @@ def build_rank_exports(spec: MPIJobSpec, topology: Topology) -> list[str]:
 def build_rank_command(spec: MPIJobSpec, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
     """The rank wrapper (RANK/WORLD_SIZE/LOCAL_RANK/NODE_RANK, prompt abort of Python ranks) + command.
 
-    ``bash`` is explicit: remote nodes must not depend on the script's mode bits (seed 002 FAQ).
+    ``bash`` is explicit: remote nodes must not depend on the script's mode bits
+    (docs/contract.md#script-without-bash).
     """
     return ["bash", paths.launch_script, "rank", *spec.command]
 
 
 def build_mpiexec_argv(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
-    """The full command line the master's launch script execs (seed 000's order)."""
+    """The full command line the master's launch script execs: root flag, hosts, ``-np``, the tail."""
     return [
         MPIEXEC,
         "--allow-run-as-root",

@@ -1,4 +1,6 @@
-"""Hosts, slots and the platform environment: seed 000's four host/NP cases, in Python.
+"""Hosts, slots and the platform environment: the four host/NP cases, in Python.
+
+The rules are docs/contract.md#host-and-np; the slot counts themselves are ``spec.slots``.
 
 The launch script computes the same thing in bash from the environment rendered here; the tests
 run both and compare, so the two never drift apart.
@@ -74,12 +76,13 @@ def render_mpi_host(topology: Topology) -> str:
 
 
 def render_mpi_hosts(topology: Topology) -> str:
-    """``MPI_HOSTS`` as the seed's script computes it: ``host:slots`` items, comma-separated."""
+    """``MPI_HOSTS`` as the launch script computes it: ``host:slots`` items, comma-separated."""
     return ",".join(f"{h.host}:{h.slots}" for h in topology.rank_hosts)
 
 
 def render_hostfile(topology: Topology) -> str:
-    """``/etc/mpi/hostfile`` (seed 002): one ``<host> slots=N`` line per host that runs ranks."""
+    """``/etc/mpi/hostfile``: one ``<host> slots=N`` line per host that runs ranks
+    (docs/contract.md#hostfile-mode)."""
     return "".join(f"{h.host} slots={h.slots}\n" for h in topology.rank_hosts)
 
 
@@ -91,7 +94,8 @@ def render_cpu_env(cpu: object) -> str:
 
 
 def build_platform_env(spec: MPIJobSpec, topology: Topology, role: Role, pod_name: str) -> dict[str, str]:
-    """The variables the platform writes into every pod (seed 000), plus the launch script's own."""
+    """The variables the platform writes into every pod, plus the launch script's own
+    (docs/contract.md#platform-variables)."""
     return {**build_job_env(spec, topology), **build_role_env(role, pod_name)}
 
 
@@ -123,7 +127,7 @@ def build_role_env(role: Role, pod_name: str) -> dict[str, str]:
 def build_pod_env(
     spec: MPIJobSpec, topology: Topology, role: Role, pod_name: str, job_env: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """Platform env first (in the seed's order), then the user's (which may not override it)."""
+    """Platform env first (role, job, pod, then the rest), then the user's (which may not override it)."""
     shared = job_env if job_env is not None else build_job_env(spec, topology)
     role_env = build_role_env(role, pod_name)
     ordered = {

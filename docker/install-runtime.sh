@@ -25,7 +25,7 @@ install_system() {
     # --no-install-recommends: no sshd service autostart helpers, no docs
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
-  # seed 002 FAQ: sshd needs its privilege separation directory.
+  # sshd exits with "Missing privilege separation directory: /run/sshd" without it.
   mkdir -p /run/sshd /etc/mpi /etc/airflow-mpi/ssh /run/airflow-mpi
   chmod 0755 /run/sshd /etc/mpi /etc/airflow-mpi /etc/airflow-mpi/ssh
 }

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 BIND_TO = {"none", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa", "board"}
 MAP_BY = {"slot", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa", "board", "node"}
 
-# MCA parameters the product sets itself: changing them breaks host names, ssh or abort.
+# MCA parameters the product sets itself: changing them breaks host names, ssh or abort
+# (docs/contract.md#mpiexec-options).
 OWNED_MCA = {
     "orte_abort_on_non_zero_status": "a rank that exits non-zero must end the job (with 0, mpiexec "
     "returned 0 although a rank exited 3)",
@@ -56,7 +57,9 @@ def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
     map_target = mpi.map_by.split(":", 1)[0].lower()
     if map_target not in MAP_BY and not map_target.startswith("ppr"):
         issues.append(
-            SpecIssue("mpi.map_by", f"{mpi.map_by!r} is not an Open MPI mapping", "use 'slot' (seed advice) or 'node'")
+            SpecIssue(
+                "mpi.map_by", f"{mpi.map_by!r} is not an Open MPI mapping", "use 'slot' (one rank per slot) or 'node'"
+            )
         )
     for key in ("pml", "btl", "btl_tcp_if_include", "btl_tcp_if_exclude", "oob_tcp_if_include", "oob_tcp_if_exclude"):
         value = getattr(mpi, key)
@@ -103,9 +106,12 @@ def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
             if owner == "hosts_mode":
                 problem = (
                     f"{flag!r}: the launch script already passes the hosts ({spec.hosts_mode.value} mode); "
-                    "--host and a hostfile must never both be given (seed 002)"
+                    "--host and a hostfile must never both be given to mpiexec"
                 )
-                fix = "remove it and choose hosts_mode: host (GJ --host list) or hostfile (/etc/mpi/hostfile)"
+                fix = (
+                    "remove it and choose hosts_mode: host (a --host list from the pod resources) "
+                    "or hostfile (/etc/mpi/hostfile)"
+                )
             else:
                 problem = f"{flag!r} is set by airflow-mpi"
                 fix = f"use {owner} instead" if owner.startswith(("mpi.", "timeout")) else "remove it"

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SlotPlan:
-    """How many ranks each role runs, by seed 000's rules (names not yet known)."""
+    """How many ranks each role runs, by the host/NP rules (names not yet known)."""
 
     slots_from_cpu: bool
     master_slots: int  # 0: the master runs no rank
@@ -33,7 +33,7 @@ class SlotPlan:
 
 
 def build_slot_plan(spec: MPIJobSpec) -> SlotPlan:
-    """The seed's four cases, from the role resources alone."""
+    """The four cases of docs/contract.md#host-and-np, from the role resources alone."""
     master, workers = spec.master, spec.workers
     master_gpu, worker_gpu, worker_replicas = master.gpus, workers.gpus, max(workers.replicas, 0)
     if master_gpu == 0 and worker_gpu == 0:

@@ -1,8 +1,8 @@
 """The MPI job spec's types: frozen dataclasses, loadable from a dict (YAML/JSON).
 
 Field names are the same in Python, YAML and JSON. ``MPIJobSpec.from_dict`` reports every
-problem at once (unknown keys, wrong types, and the semantic rules of seeds 000 and 002), each
-naming the field and the fix: parsing is ``parsing``'s, the rules are ``validation``'s.
+problem at once (unknown keys, wrong types, and the pod contract's rules, docs/contract.md),
+each naming the field and the fix: parsing is ``parsing``'s, the rules are ``validation``'s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from airflow_mpi.spec.validation import collect_spec_issues
 @dataclass(frozen=True)
 class RoleSpec:
     """Resources of one role. ``cpu`` is cores (``2``, ``0.5`` or ``"500m"``); slots come from it
-    when neither role has GPUs, otherwise from ``gpus`` (seed 000)."""
+    when neither role has GPUs, otherwise from ``gpus`` (docs/contract.md#host-and-np)."""
 
     replicas: int = 1
     cpu: int | float | str = 1
@@ -54,10 +54,11 @@ class WorkerSpec(RoleSpec):
 
 @dataclass(frozen=True)
 class MPIOptions:
-    """mpiexec options (seed 002), defaulting to its production advice. ``timeout`` comes from the
-    job's ``timeout``; host list, ``-np`` and ``--allow-run-as-root`` are the launch script's."""
+    """Typed mpiexec options; the defaults map one rank per slot, bind nothing and tag output by
+    rank. ``timeout`` comes from the job's ``timeout``; host list, ``-np`` and
+    ``--allow-run-as-root`` are the launch script's (docs/contract.md#mpiexec-options)."""
 
-    np: int | None = None  # default: every slot (seed 000); set to run fewer ranks
+    np: int | None = None  # default: every slot; set to run fewer ranks
     npernode: int | None = None
     oversubscribe: bool = False
     pml: str | None = None  # e.g. "ob1"

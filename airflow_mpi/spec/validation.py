@@ -1,6 +1,7 @@
 """The spec's semantic rules: every problem of a well-typed spec, each naming the field and the fix.
 
 The job-level rules live here; the mpiexec options' and the pod settings' have their own modules.
+Messages state each rule in full; docs/contract.md explains them with examples.
 """
 
 from __future__ import annotations
@@ -90,12 +91,12 @@ def _check_command(spec: MPIJobSpec) -> list[SpecIssue]:
     if issues:
         return issues
     program = command[0].rsplit("/", 1)[-1]
-    if program in LAUNCHERS:
+    if program in LAUNCHERS:  # docs/contract.md#nested-launcher
         issues.append(
             SpecIssue(
                 "command",
                 f"starts with {LAUNCHERS[program]} ({command[0]!r}); mpiexec already starts one process per "
-                "slot, a second launcher clashes ranks (seed 002 FAQ)",
+                "slot, and a second launcher inside each would start its own ranks that clash with mpiexec's",
                 "run the script itself, e.g. ['python', 'train.py', ...]: under MPI DeepSpeed is a library only",
             )
         )
@@ -109,13 +110,13 @@ def _check_command(spec: MPIJobSpec) -> list[SpecIssue]:
                     "run the training script directly: ['python', 'train.py', ...]",
                 )
             )
-    for suffix, interpreter in SCRIPT_INTERPRETERS.items():
+    for suffix, interpreter in SCRIPT_INTERPRETERS.items():  # docs/contract.md#script-without-bash
         if program.endswith(suffix):
             issues.append(
                 SpecIssue(
                     "command",
-                    f"starts with the script {command[0]!r} without an interpreter; remote nodes may not run "
-                    "it (seed 002 FAQ)",
+                    f"starts with the script {command[0]!r} without an interpreter; mpiexec starts it on remote "
+                    "nodes, where it runs only if its mode bits and #! line are right",
                     f"say [{interpreter!r}, {command[0]!r}, ...]",
                 )
             )
@@ -165,8 +166,11 @@ def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
                 )
             )
     master, workers = spec.master, spec.workers
-    if master.gpus > 0 and workers.gpus > 0 and workers.replicas > 0:
-        rule = "when both roles use GPUs, the GPU model and GPUs per node must be the same (seed 000)"
+    if master.gpus > 0 and workers.gpus > 0 and workers.replicas > 0:  # docs/contract.md#host-and-np
+        rule = (
+            "when both roles use GPUs they must have the same GPU count per pod and the same GPU model "
+            "and resource, since every slot is one GPU"
+        )
         if master.gpus != workers.gpus:
             issues.append(
                 SpecIssue(
@@ -195,6 +199,8 @@ def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
 
 
 def _check_slots(spec: MPIJobSpec) -> list[SpecIssue]:
+    """The host/NP rules (docs/contract.md#host-and-np): whole-core CPU slots, a rank for every
+    worker, MPI_NP >= 1, and mpi.np/npernode within the slots."""
     if spec.master.replicas != 1 or spec.workers.replicas < 0 or spec.master.gpus < 0 or spec.workers.gpus < 0:
         return []  # reported by _check_roles
     slot_plan = build_slot_plan(spec)
@@ -207,7 +213,7 @@ def _check_slots(spec: MPIJobSpec) -> list[SpecIssue]:
                     SpecIssue(
                         f"{role_name}.cpu",
                         f"{role.cpu!r} cores cannot be MPI slots; with no GPUs on either role the slots are the "
-                        "CPU cores (seed 000)",
+                        "CPU cores, one rank per whole core",
                         "use a whole number of cores",
                     )
                 )
@@ -216,7 +222,7 @@ def _check_slots(spec: MPIJobSpec) -> list[SpecIssue]:
             SpecIssue(
                 "workers.gpus",
                 f"is 0 while master.gpus is {spec.master.gpus}: the {spec.workers.replicas} worker(s) would get no "
-                "rank (seed 000: with GPUs on the master only, only the master runs ranks)",
+                "rank, since with GPUs on the master only, only the master runs ranks",
                 f"give workers {spec.master.gpus} GPUs like the master, or set workers.replicas to 0",
             )
         )
@@ -261,12 +267,13 @@ def _check_env(spec: MPIJobSpec) -> list[SpecIssue]:
                 SpecIssue(path, f"{name!r} is not an environment variable name", "use [A-Za-z_][A-Za-z0-9_]*")
             )
             continue
-        if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):  # docs/contract.md#reserved-names
             issues.append(
                 SpecIssue(
                     path,
                     "is written by the platform or computed by the launch script; users must not set it "
-                    "(GJ_TRAINING_*, MPI_HOST, MPI_NP, MPI_HOSTS, NCCL_IB_*, AIRFLOW_MPI_*)",
+                    "(the platform writes GJ_TRAINING_*, MPI_HOST and NCCL_IB_*, the launch script computes "
+                    "MPI_NP and MPI_HOSTS, airflow-mpi sets AIRFLOW_MPI_*)",
                     "remove it from env; size the job with master/workers and hosts_mode instead",
                 )
             )

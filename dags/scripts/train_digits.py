@@ -3,7 +3,7 @@
 Started by mpiexec through airflow-mpi's rank wrapper, which sets RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT: ``deepspeed.init_distributed`` then needs no MPI discovery, and
 plain torch.distributed code would work the same. DeepSpeed is a library here, never a launcher
-(``mpiexec ... deepspeed train.py`` would start a second launcher: seed 002 FAQ).
+(``mpiexec ... deepspeed train.py`` would start a second launcher whose ranks clash with mpiexec's).
 
 Rank 0 writes ``model.pt`` to the data directory and prints its metrics on a line starting
 with ``AIRFLOW_MPI_RESULT`` (the operator returns them through XCom).

@@ -118,7 +118,7 @@ def test_unset_exported_variables_are_dropped_not_warned(tmp_path: Path, script:
     assert "LD_LIBRARY_PATH" not in argv and ("-x" in argv and "PATH" in argv)
 
 
-def test_invalid_np_is_refused_like_the_seed(tmp_path: Path, script: Path) -> None:
+def test_invalid_np_is_refused_by_the_script(tmp_path: Path, script: Path) -> None:
     spec = spec_from(workers={"replicas": 1, "gpus": 2})
     plan = render_plan(spec, IDENTITY, ssh=fixed_ssh(spec))
     _, env = materialize(plan, tmp_path)

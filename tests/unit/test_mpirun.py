@@ -1,4 +1,4 @@
-"""The mpiexec command line: golden defaults, and every typed option of seed 002."""
+"""The mpiexec command line: golden defaults, and every typed option."""
 
 from __future__ import annotations
 

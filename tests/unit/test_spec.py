@@ -25,7 +25,7 @@ def with_fields(**changes: Any) -> dict[str, Any]:
     return data
 
 
-def test_minimal_spec_has_seed_defaults() -> None:
+def test_minimal_spec_has_contract_defaults() -> None:
     spec = MPIJobSpec.from_dict(BASE)
     assert spec.master == MasterSpec(replicas=1)
     assert spec.workers.replicas == 0
@@ -70,6 +70,11 @@ BAD_SPECS: list[tuple[dict[str, Any], str, str]] = [
     ({"workers": {"replicas": -1}}, "workers.replicas", "0 or more"),
     ({"master": {"gpus": 2}, "workers": {"replicas": 2, "gpus": 4}}, "workers.gpus", "same number of GPUs"),
     (
+        {"master": {"gpus": 2}, "workers": {"replicas": 2, "gpus": 4}},
+        "workers.gpus",
+        "when both roles use GPUs they must have the same GPU count",
+    ),
+    (
         {"master": {"gpus": 1, "gpu_resource": "amd.com/gpu"}, "workers": {"replicas": 1, "gpus": 1}},
         "workers.gpu_resource",
         "same GPU resource",
@@ -81,6 +86,7 @@ BAD_SPECS: list[tuple[dict[str, Any], str, str]] = [
     ),
     ({"master": {"gpus": 0}, "workers": {"replicas": 0, "gpus": 8}}, "workers.replicas", "MPI_NP=0"),
     ({"master": {"gpus": 2}, "workers": {"replicas": 2, "gpus": 0}}, "workers.gpus", "no rank"),
+    ({"master": {"gpus": 2}, "workers": {"replicas": 2, "gpus": 0}}, "workers.gpus", "only the master runs ranks"),
     ({"env": {"GJ_TRAINING_ROLE": "worker"}}, "env.GJ_TRAINING_ROLE", "platform"),
     ({"env": {"MPI_HOST": "x"}}, "env.MPI_HOST", "platform"),
     ({"env": {"MPI_NP": "4"}}, "env.MPI_NP", "platform"),
@@ -95,10 +101,12 @@ BAD_SPECS: list[tuple[dict[str, Any], str, str]] = [
     ({"hosts_mode": "hostfile", "mpi": {"extra_args": ["--host", "a"]}}, "mpi.extra_args[0]", "never both"),
     ({"mpi": {"extra_args": ["-np", "4"]}}, "mpi.extra_args[0]", "mpi.np"),
     ({"command": ["deepspeed", "train.py"]}, "command", "library"),
+    ({"command": ["deepspeed", "train.py"]}, "command", "clash with mpiexec's"),
     ({"command": ["/usr/bin/torchrun", "train.py"]}, "command", "mpiexec already starts"),
     ({"command": ["horovodrun", "-np", "4", "python", "t.py"]}, "command", "second launcher"),
     ({"command": ["python", "-m", "torch.distributed.run", "t.py"]}, "command", "launcher module"),
     ({"command": ["run.sh"]}, "command", "['bash', 'run.sh'"),
+    ({"command": ["run.sh"]}, "command", "mode bits and #! line"),
     ({"command": ["/app/train.py"]}, "command", "['python', '/app/train.py'"),
     ({"command": []}, "command", "argv list"),
     ({"master": {"cpu": "lots"}}, "master.cpu", "CPU quantity"),

@@ -1,4 +1,4 @@
-"""Seed 000's four host/NP cases, MPI_HOST, the hostfile and the platform env, table-driven."""
+"""The four host/NP cases, MPI_HOST, the hostfile and the platform env, table-driven."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, int]] = [
 
 
 @pytest.mark.parametrize(("case", "master", "workers", "hosts", "np"), CASES, ids=[c[0] for c in CASES])
-def test_seed_host_np_cases(case: str, master: dict[str, Any], workers: dict[str, Any], hosts: str, np: int) -> None:
+def test_host_np_cases(case: str, master: dict[str, Any], workers: dict[str, Any], hosts: str, np: int) -> None:
     spec = spec_from(master=master, workers=workers)
     topology = build_topology(spec, J)
     assert render_mpi_hosts(topology) == hosts
