@@ -13,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help setup system demo test unit lint format bench clean doctor
+.PHONY: help setup system demo test unit lint format bench clean doctor faults
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -55,6 +55,11 @@ unit: $(STAMP) ## the pure core's tests only (seconds)
 
 test: setup lint ## everything: lint, unit, integration (real sshd + Open MPI), DAGs under Airflow
 	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+faults: setup ## the fault tests, then one table: fault, backend, mode, state, seconds, message, left
+	@rows=$$(mktemp); AIRFLOW_MPI_FAULT_ROWS=$$rows AIRFLOW_MPI_REQUIRE_INTEGRATION=1 \
+		$(BIN)/pytest -q -p no:cacheprovider -m fault $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m tests.faults $$rows; trc=$$?; rm -f $$rows; exit $$((rc || trc))
 
 bench: setup ## benchmarks: print figures (not timed tests)
 	$(PY) bench/launch_overhead.py

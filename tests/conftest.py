@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.faults import fault_row  # noqa: F401 (the fault table's fixture, for every test dir)
+
 REPO = Path(__file__).resolve().parent.parent
 # Not under /tmp: every local pod has a private /tmp, and the example's script must be visible.
 SHARED = Path("/var/tmp/airflow-mpi-tests")
