@@ -26,7 +26,17 @@ from typing import Any
 
 from airflow_mpi import contract
 from airflow_mpi.backends.base import FoundJob
-from airflow_mpi.exceptions import BackendUnavailable, LaunchError
+from airflow_mpi.backends.k8s_errors import (
+    BAD_REQUEST,
+    CONFLICT,
+    GONE,
+    NOT_FOUND,
+    api_status,
+    is_transient,
+    retry_delay,
+    translate,
+)
+from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.logstream import LogCursor, split_timestamped
 from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owner_reference
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
@@ -35,7 +45,6 @@ from airflow_mpi.readiness import HostProbe, probes_from_states
 from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import PodPhase, PodState, PodTable, pod_state_from_k8s
 
-RETRY_STATUSES = {429, 500, 502, 503, 504}
 CREATE_ATTEMPTS = 6
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
@@ -192,17 +201,16 @@ class KubernetesBackend:
             try:
                 return dict(json.loads(create(namespace, manifest, _preload_content=False).data))
             except Exception as error:
-                status = getattr(error, "status", None)
-                if status == 409:
+                if api_status(error) == CONFLICT:
                     existing = self._read(namespace, plural, name)
                     if retried and existing is not None and _same_job(existing, manifest):
                         return existing
                     raise _AlreadyExists(f"{plural[:-1]} {name} already exists in {namespace}", existing) from error
-                if status in RETRY_STATUSES or (status is None and _transient(error)):
+                if is_transient(error):
                     retried = True
-                    time.sleep(_retry_delay(error, attempt))
+                    time.sleep(retry_delay(error, attempt))
                     continue
-                raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed: {_reason(error)}") from error
+                raise translate(error, f"creating {plural[:-1]} {name} in {namespace}", creating=True) from error
         raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed {CREATE_ATTEMPTS} times")
 
     def _read(self, namespace: str, plural: str, name: str) -> Obj | None:
@@ -215,9 +223,9 @@ class KubernetesBackend:
         try:
             return dict(json.loads(read(name, namespace, _preload_content=False).data))
         except Exception as error:
-            if getattr(error, "status", None) == 404:
+            if api_status(error) == NOT_FOUND:
                 return None
-            raise LaunchError(f"reading {plural[:-1]} {name}: {_reason(error)}") from error
+            raise translate(error, f"reading {plural[:-1]} {name} in {namespace}") from error
 
     def _delete_and_wait(self, namespace: str, name: str, existing: Obj | None, timeout: float = TEARDOWN_WAIT) -> None:
         from kubernetes.client import V1DeleteOptions
@@ -247,7 +255,7 @@ class KubernetesBackend:
             pods = dict(watcher.table.pods)
         if not pods:
             watcher.stop()
-            raise LaunchError(f"no job {job_name} in namespace {namespace} (no pods with its label)")
+            raise JobNotFound(f"no job {job_name} in namespace {namespace} (no pods with its label)")
         states = {name: pod_state_from_k8s(pod) for name, pod in pods.items()}
         roles = {name: state.role for name, state in states.items()}
         master = next((n for n, r in roles.items() if r is Role.MASTER), f"{job_name}-master-0")
@@ -280,7 +288,7 @@ class KubernetesBackend:
                 raise LaunchError(f"job {job_name}: no plan to render its master from")
             service = self._read(job.namespace, "services", job_name)
             if service is None:
-                raise LaunchError(f"job {job_name} is gone (its Service was deleted)")
+                raise JobNotFound(f"job {job_name} is gone (its Service was deleted)")
             uid = service["metadata"]["uid"]
             job.master_manifest = render_manifests(job.plan, job.namespace, owner_uid=uid)[-1]
         job.roles[job.master] = Role.MASTER
@@ -303,15 +311,15 @@ class KubernetesBackend:
             try:
                 response = self._open_log(job, since)
             except Exception as error:
-                status = getattr(error, "status", None)
-                if status == 404 or (state.ended and status == 400):
+                status = api_status(error)
+                if status == NOT_FOUND or (state.ended and status == BAD_REQUEST):
                     return  # gone, or ended without ever starting (e.g. an image error)
-                if status == 400 or status in RETRY_STATUSES or (status is None and _transient(error)):
+                if status == BAD_REQUEST or is_transient(error):  # 400: the container is not up yet
                     job.watcher.wait(min(0.2 * (reconnects + 1), 2.0))
                     reconnects += 1
                     yield []
                     continue
-                raise LaunchError(f"reading the log of {job.master}: {_reason(error)}") from error
+                raise translate(error, f"reading the log of {job.master}") from error
             clean = yield from self._read_stream(job, response, idle_tick)
             if clean and self._master_state(job).ended:
                 return
@@ -416,8 +424,8 @@ class KubernetesBackend:
                 job_name, namespace, body=V1DeleteOptions(propagation_policy="Background"), _preload_content=False
             )
         except Exception as error:
-            if getattr(error, "status", None) != 404:
-                raise LaunchError(f"deleting job {job_name}: {_reason(error)}") from error
+            if api_status(error) != NOT_FOUND:
+                raise translate(error, f"deleting job {job_name} (its service) in {namespace}") from error
         if job is None:
             return
         watcher = job.watcher
@@ -563,7 +571,7 @@ class PodWatcher:
             except Exception as error:
                 if self._stop.is_set():
                     break
-                if getattr(error, "status", None) == 410:
+                if api_status(error) == GONE:
                     self.table.resource_version = ""
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -591,29 +599,3 @@ def _json_lines(response: Any) -> Iterator[Obj]:
 def _same_job(existing: Obj, manifest: Obj) -> bool:
     ours = manifest["metadata"].get("labels", {}).get(LABEL_JOB)
     return bool(ours) and (existing.get("metadata", {}).get("labels") or {}).get(LABEL_JOB) == ours
-
-
-def _transient(error: Exception) -> bool:
-    """Connection-level failures worth a retry (urllib3's, raised through the client)."""
-    name = type(error).__name__
-    return name in {"MaxRetryError", "ProtocolError", "NewConnectionError", "ReadTimeoutError", "ConnectionError"} or (
-        isinstance(error, OSError)
-    )
-
-
-def _retry_delay(error: Exception, attempt: int) -> float:
-    headers = getattr(error, "headers", None) or {}
-    retry_after = headers.get("Retry-After")
-    if retry_after is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            return min(float(str(retry_after)), 10.0)
-    return float(min(0.1 * 2**attempt, 3.0))
-
-
-def _reason(error: Exception) -> str:
-    body = getattr(error, "body", None)
-    if body:
-        with contextlib.suppress(ValueError, TypeError):
-            status = json.loads(body)
-            return f"{status.get('code', '')} {status.get('reason', '')}: {status.get('message', '')}".strip()
-    return f"{type(error).__name__}: {error}"

@@ -26,7 +26,7 @@ from pathlib import Path
 from airflow_mpi import contract
 from airflow_mpi.backends import sandbox as sandboxes
 from airflow_mpi.backends.sandbox import Mount, Sandbox
-from airflow_mpi.exceptions import BackendUnavailable, LaunchError, SpecError, SpecIssue
+from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError, SpecError, SpecIssue
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result
 from airflow_mpi.spec import Role
@@ -311,7 +311,7 @@ class LocalBackend:
     def _sandbox(self, job_name: str) -> Sandbox:
         sandbox = self._sandboxes.get(job_name) or Sandbox.load(self.state_dir, job_name)
         if sandbox is None:
-            raise LaunchError(f"no local job {job_name} (never created, or already torn down)")
+            raise JobNotFound(f"no local job {job_name} (never created, or already torn down)")
         return sandbox
 
 

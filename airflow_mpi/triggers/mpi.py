@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_mpi.backends.k8s_errors import GONE, api_status
 from airflow_mpi.naming import job_selector
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
@@ -154,7 +155,7 @@ class MPIJobTrigger(BaseTrigger):
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:
-                    if getattr(error, "status", None) == 410:
+                    if api_status(error) == GONE:
                         table.resource_version = ""
                     self.log.warning("watching job %s: %s; retrying", self.job_name, error)
                     await asyncio.sleep(backoff)
