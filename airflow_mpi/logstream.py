@@ -1,12 +1,14 @@
 """What the master printed: bounded tails per rank, the rank that failed, and the job's result.
 
 Pure: it reads lines (mpiexec ``--tag-output`` style, ``[1,R]<stdout>:text``) and remembers
-only bounded amounts, whatever the volume. Also turns line batches into log records, and keeps
-the cursor that lets a dropped Kubernetes log stream resume with no duplicate and no gap.
+only bounded amounts, whatever the volume. Also splits byte streams into bounded lines (both
+backends), turns line batches into log records, and keeps the cursor that lets a dropped
+Kubernetes log stream resume with no duplicate and no gap.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections import deque
@@ -28,6 +30,8 @@ ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator")
 ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d+)")
 TIMEOUT_MARKS = ("The user-provided time limit for job execution has been reached", "MPIEXEC_TIMEOUT")
 MAX_RECORD_LINES = 5000
+MAX_LINE_BYTES = 64 * 1024  # a longer "line" (a progress bar without newlines) is cut here
+CUT_MARK = " [... line cut at 64 KiB]"
 
 
 @dataclass
@@ -121,6 +125,63 @@ def build_log_records(lines: Sequence[str], max_lines: int = MAX_RECORD_LINES) -
     (~25-30k records/s at one line each, >1M lines/s at 100 lines per record)."""
     for start in range(0, len(lines), max_lines):
         yield "\n".join(lines[start : start + max_lines])
+
+
+class LineSplitter:
+    """Bytes as they arrive (any chunking) -> complete text lines, without the newline and any
+    trailing ``\r``. A line longer than ``max_bytes`` keeps its first ``max_bytes`` and ends with
+    ``CUT_MARK``; the rest of it, up to its newline, is dropped, so memory stays bounded whatever
+    a process prints. ``max_bytes=None``: no cap (watch events, whose size the API server bounds).
+    """
+
+    def __init__(self, max_bytes: int | None = MAX_LINE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._partial = b""  # the start of the current line (at most max_bytes)
+        self._cut = False  # the current line is past max_bytes: drop until its newline
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The lines this chunk completes."""
+        pieces = chunk.split(b"\n")
+        rest = pieces.pop()
+        if not pieces:
+            self._keep(rest)
+            return []
+        self._keep(pieces[0])
+        lines = [self._end_line()]
+        limit = self.max_bytes
+        for piece in pieces[1:]:  # whole lines: the common case, kept fast
+            if limit is not None and len(piece) > limit:
+                lines.append(_cut_text(piece[:limit]))
+            else:
+                lines.append(piece.decode("utf-8", "replace").rstrip("\r"))
+        self._keep(rest)
+        return lines
+
+    def flush(self) -> list[str]:
+        """The last line when the stream ended without a newline ([] when it ended with one)."""
+        if not self._partial and not self._cut:
+            return []
+        return [self._end_line()]
+
+    def _keep(self, piece: bytes) -> None:
+        if self._cut or not piece:
+            return
+        room = len(piece) if self.max_bytes is None else self.max_bytes - len(self._partial)
+        if len(piece) > room:
+            self._partial += piece[:room]
+            self._cut = True
+        else:
+            self._partial += piece
+
+    def _end_line(self) -> str:
+        line = _cut_text(self._partial) if self._cut else self._partial.decode("utf-8", "replace").rstrip("\r")
+        self._partial, self._cut = b"", False
+        return line
+
+
+def _cut_text(head: bytes) -> str:
+    """The kept start of an overlong line: a character split by the cut is dropped, not garbled."""
+    return codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False) + CUT_MARK
 
 
 def build_rank_pods(spec: MPIJobSpec, topology: Topology) -> list[str]:

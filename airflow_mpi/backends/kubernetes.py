@@ -18,7 +18,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,14 +37,16 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
-from airflow_mpi.logstream import LogCursor, split_timestamped
+from airflow_mpi.logstream import LineSplitter, LogCursor, split_timestamped
 from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owner_reference
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, probes_from_states
 from airflow_mpi.spec import MPIJobSpec, Role
-from airflow_mpi.status import PodPhase, PodState, PodTable, pod_state_from_k8s
+from airflow_mpi.status import PodPhase, PodState, PodTable, WatchLoop, pod_state_from_k8s
 
+# The one API-dispatch table: each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
+KINDS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
 CREATE_ATTEMPTS = 6
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
@@ -127,6 +129,10 @@ class KubernetesBackend:
 
         return CoreV1Api(self.api_client)
 
+    def _api(self, verb: str, plural: str) -> Callable[..., Any]:
+        """``CoreV1Api.<verb>_namespaced_<kind>`` for ``plural`` (e.g. create, "pods")."""
+        return getattr(self.core, f"{verb}_namespaced_{KINDS[plural]}")  # type: ignore[no-any-return]
+
     def namespace_for(self, spec: MPIJobSpec) -> str:
         if spec.pod.namespace:
             return spec.pod.namespace
@@ -189,12 +195,7 @@ class KubernetesBackend:
     def _create(self, namespace: str, plural: str, manifest: Obj) -> Obj:
         """POST with bounded retries on 429/5xx and connection errors. A 409 after a retried POST
         means the first attempt went through: the existing object is ours when labels agree."""
-        create = {
-            "services": self.core.create_namespaced_service,
-            "secrets": self.core.create_namespaced_secret,
-            "configmaps": self.core.create_namespaced_config_map,
-            "pods": self.core.create_namespaced_pod,
-        }[plural]
+        create = self._api("create", plural)
         name = manifest["metadata"]["name"]
         retried = False
         for attempt in range(CREATE_ATTEMPTS):
@@ -214,14 +215,8 @@ class KubernetesBackend:
         raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed {CREATE_ATTEMPTS} times")
 
     def _read(self, namespace: str, plural: str, name: str) -> Obj | None:
-        read = {
-            "services": self.core.read_namespaced_service,
-            "secrets": self.core.read_namespaced_secret,
-            "configmaps": self.core.read_namespaced_config_map,
-            "pods": self.core.read_namespaced_pod,
-        }[plural]
         try:
-            return dict(json.loads(read(name, namespace, _preload_content=False).data))
+            return dict(json.loads(self._api("read", plural)(name, namespace, _preload_content=False).data))
         except Exception as error:
             if api_status(error) == NOT_FOUND:
                 return None
@@ -231,7 +226,7 @@ class KubernetesBackend:
         from kubernetes.client import V1DeleteOptions
 
         with contextlib.suppress(Exception):
-            self.core.delete_namespaced_service(
+            self._api("delete", "services")(
                 name, namespace, body=V1DeleteOptions(propagation_policy="Foreground"), _preload_content=False
             )
         deadline = time.monotonic() + timeout
@@ -359,7 +354,7 @@ class KubernetesBackend:
 
         reader = threading.Thread(target=read, name=f"log-{job.master}", daemon=True)
         reader.start()
-        partial = b""
+        lines = LineSplitter()
         clean = False
         try:
             while True:
@@ -373,11 +368,8 @@ class KubernetesBackend:
                     break
                 if isinstance(item, Exception):
                     break
-                pieces = (partial + item).split(b"\n")
-                partial = pieces.pop()
                 batch = []
-                for piece in pieces:
-                    text = piece.decode("utf-8", "replace").rstrip("\r")
+                for text in lines.feed(item):
                     try:
                         stamp, line = split_timestamped(text)
                     except ValueError:
@@ -420,7 +412,7 @@ class KubernetesBackend:
         job = self._jobs.get(job_name)
         namespace = job.namespace if job else namespace or self._namespace or "default"
         try:
-            self.core.delete_namespaced_service(
+            self._api("delete", "services")(
                 job_name, namespace, body=V1DeleteOptions(propagation_policy="Background"), _preload_content=False
             )
         except Exception as error:
@@ -438,7 +430,7 @@ class KubernetesBackend:
             left = [p["metadata"]["name"] for p in self._list(namespace, "pods", job_selector(job_name))]
         for pod in left:  # the collector is slow or off: delete directly
             with contextlib.suppress(Exception):
-                self.core.delete_namespaced_pod(pod, namespace, _preload_content=False)
+                self._api("delete", "pods")(pod, namespace, _preload_content=False)
         job.final_pods = left
         watcher.stop()
 
@@ -456,13 +448,7 @@ class KubernetesBackend:
         return found
 
     def _list(self, namespace: str, plural: str, selector: str) -> list[Obj]:
-        list_ = {
-            "services": self.core.list_namespaced_service,
-            "secrets": self.core.list_namespaced_secret,
-            "configmaps": self.core.list_namespaced_config_map,
-            "pods": self.core.list_namespaced_pod,
-        }[plural]
-        response = list_(namespace, label_selector=selector, _preload_content=False)
+        response = self._api("list", plural)(namespace, label_selector=selector, _preload_content=False)
         return list(json.loads(response.data).get("items") or [])
 
     # --- retries: find and adopt the job of an earlier try ---------------------------------
@@ -491,17 +477,21 @@ class KubernetesBackend:
 
 
 class PodWatcher:
-    """One watch over a job's pods in a thread, kept in a ``PodTable``; waiters wake on events."""
+    """One watch over a job's pods in a thread, kept in a ``PodTable``; waiters wake on events.
+    The thread drives the shared ``WatchLoop`` (list, watch, relist on 410, back off)."""
 
     def __init__(self, core: Any, namespace: str, selector: str) -> None:
         self.core, self.namespace, self.selector = core, namespace, selector
-        self.table = PodTable()
+        self.loop = WatchLoop(first_backoff=0.1)
         self.cond = threading.Condition()
         self._stop = threading.Event()
         self._response: Any = None
         self._thread: threading.Thread | None = None
         self._listed = False
-        self.watch_requests = 0
+
+    @property
+    def table(self) -> PodTable:
+        return self.loop.table
 
     @property
     def alive(self) -> bool:
@@ -531,25 +521,24 @@ class PodWatcher:
         if self._thread is not None:
             self._thread.join(5)
 
-    def _relist(self) -> None:
+    def _list(self) -> None:
         response = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, _preload_content=False)
         data = json.loads(response.data)
         with self.cond:
-            self.table.replace(data.get("items") or [], data["metadata"]["resourceVersion"])
+            self.loop.listed(data.get("items") or [], data["metadata"]["resourceVersion"])
             self._listed = True
             self.cond.notify_all()
 
     def _run(self) -> None:
-        backoff = 0.1
+        loop = self.loop
         while not self._stop.is_set():
             try:
-                if not self.table.resource_version:
-                    self._relist()
+                if loop.must_list:
+                    self._list()
                 else:
                     with self.cond:
                         self._listed = True
                         self.cond.notify_all()
-                self.watch_requests += 1
                 self._response = self.core.list_namespaced_pod(
                     self.namespace,
                     label_selector=self.selector,
@@ -560,21 +549,17 @@ class PodWatcher:
                     _preload_content=False,
                     _request_timeout=(10, WATCH_SECONDS + 30),
                 )
-                for event in _json_lines(self._response):
+                for event in _watch_events(self._response):
                     with self.cond:
-                        current = self.table.apply(event)
+                        current = loop.apply(event)
                         self.cond.notify_all()
-                    if not current:  # 410 Gone: relist, then watch from the new version
-                        self.table.resource_version = ""
+                    if not current:
                         break
-                backoff = 0.1
+                loop.watch_ended()
             except Exception as error:
                 if self._stop.is_set():
                     break
-                if api_status(error) == GONE:
-                    self.table.resource_version = ""
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                time.sleep(loop.failed(gone=api_status(error) == GONE))
             finally:
                 response, self._response = self._response, None
                 if response is not None:
@@ -584,16 +569,12 @@ class PodWatcher:
             self.cond.notify_all()
 
 
-def _json_lines(response: Any) -> Iterator[Obj]:
-    partial = b""
+def _watch_events(response: Any) -> Iterator[Obj]:
+    """The events of a watch response (one JSON object a line; no cap: the API server bounds them)."""
+    lines = LineSplitter(max_bytes=None)
     for chunk in response.stream(65536, decode_content=False):
-        pieces = (partial + chunk).split(b"\n")
-        partial = pieces.pop()
-        for piece in pieces:
-            if piece.strip():
-                yield json.loads(piece)
-    if partial.strip():
-        yield json.loads(partial)
+        yield from (json.loads(line) for line in lines.feed(chunk) if line.strip())
+    yield from (json.loads(line) for line in lines.flush() if line.strip())
 
 
 def _same_job(existing: Obj, manifest: Obj) -> bool:

@@ -27,6 +27,7 @@ from airflow_mpi import contract
 from airflow_mpi.backends import sandbox as sandboxes
 from airflow_mpi.backends.sandbox import Mount, Sandbox
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError, SpecError, SpecIssue
+from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result
 from airflow_mpi.spec import Role
@@ -37,7 +38,6 @@ DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
 REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "ssh", "mpiexec", "bash")
 SSHD = "/usr/sbin/sshd"
 READ_CHUNK = 1 << 20
-MAX_LINE = 1 << 20  # a "line" longer than this is cut, so memory stays bounded
 
 
 def check_prerequisites() -> list[str]:
@@ -231,7 +231,7 @@ class LocalBackend:
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         os.set_blocking(fd, False)
-        partial = b""
+        lines = LineSplitter()  # a line past its cap is cut, so memory stays bounded
         with (sandbox.dir / "logs" / f"{master}.log").open("ab") as log:
             while True:
                 ready, _, _ = select.select([fd], [], [], idle_tick)
@@ -245,14 +245,10 @@ class LocalBackend:
                 if not chunk:
                     break
                 log.write(chunk)
-                pieces = (partial + chunk).split(b"\n")
-                partial = pieces.pop()
-                if len(partial) > MAX_LINE:
-                    pieces.append(partial)
-                    partial = b""
-                yield [piece.decode("utf-8", "replace").rstrip("\r") for piece in pieces]
-        if partial:
-            yield [partial.decode("utf-8", "replace").rstrip("\r")]
+                yield lines.feed(chunk)
+        last = lines.flush()
+        if last:
+            yield last
         proc.wait()
 
     # --- state ----------------------------------------------------------------------------
