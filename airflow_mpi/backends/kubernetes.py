@@ -39,7 +39,7 @@ from airflow_mpi.backends.k8s_errors import (
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.logstream import LineSplitter, LogCursor, split_timestamped
 from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owner_reference
-from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
+from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, probes_from_states
 from airflow_mpi.spec import MPIJobSpec, Role
@@ -253,7 +253,7 @@ class KubernetesBackend:
             raise JobNotFound(f"no job {job_name} in namespace {namespace} (no pods with its label)")
         states = {name: pod_state_from_k8s(pod) for name, pod in pods.items()}
         roles = {name: state.role for name, state in states.items()}
-        master = next((n for n, r in roles.items() if r is Role.MASTER), f"{job_name}-master-0")
+        master = next((n for n, r in roles.items() if r is Role.MASTER), build_pod_name(job_name, Role.MASTER, 0))
         job = _Job(name=job_name, namespace=namespace, watcher=watcher, roles=roles, master=master)
         self._jobs[job_name] = job
         return job

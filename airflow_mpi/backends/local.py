@@ -28,6 +28,7 @@ from airflow_mpi.backends import sandbox as sandboxes
 from airflow_mpi.backends.sandbox import Mount, Sandbox
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError, SpecError, SpecIssue
 from airflow_mpi.logstream import LineSplitter
+from airflow_mpi.naming import build_host_name
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result
 from airflow_mpi.spec import Role
@@ -190,7 +191,7 @@ class LocalBackend:
         master_ssh = sandbox.dir / "pods" / master.name / "ssh"
 
         def probe(pod: sandboxes.SandboxPod) -> HostProbe:
-            host = f"{pod.name}.{job_name}"
+            host = build_host_name(job_name, pod.name)
             if sandbox.exit_code(pod.name) is not None:
                 tail = " | ".join(self.pod_log_tail(job_name, pod.name, 3))
                 return HostProbe(host, HostProblem.POD_ENDED, tail)
