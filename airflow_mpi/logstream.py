@@ -2,8 +2,8 @@
 
 Pure: it reads lines (mpiexec ``--tag-output`` style, ``[1,R]<stdout>:text``) and remembers
 only bounded amounts, whatever the volume. Also splits byte streams into bounded lines (both
-backends), turns line batches into log records, and keeps the cursor that lets a dropped
-Kubernetes log stream resume with no duplicate and no gap.
+backends), turns line batches into log records, formats the "last lines" of failure messages,
+and keeps the cursor that lets a dropped Kubernetes log stream resume with no duplicate and no gap.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ TIMEOUT_MARKS = ("The user-provided time limit for job execution has been reache
 MAX_RECORD_LINES = 5000
 MAX_LINE_BYTES = 64 * 1024  # a longer "line" (a progress bar without newlines) is cut here
 CUT_MARK = " [... line cut at 64 KiB]"
+TAIL_LINES = 15  # lines of a pod or rank shown in a failure message
 
 
 @dataclass
@@ -182,6 +183,14 @@ class LineSplitter:
 def _cut_text(head: bytes) -> str:
     """The kept start of an overlong line: a character split by the cut is dropped, not garbled."""
     return codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False) + CUT_MARK
+
+
+def format_tail(source: str, lines: Sequence[str]) -> str:
+    """The "last lines of <pod or rank>" block of a failure message ("" when there are none)."""
+    if not lines:
+        return ""
+    shown = "\n".join(f"  | {line}" for line in lines[-TAIL_LINES:])
+    return f"\nlast lines of {source}:\n{shown}"
 
 
 def build_rank_pods(spec: MPIJobSpec, topology: Topology) -> list[str]:

@@ -298,6 +298,9 @@ class LocalBackend:
         found += [f"hosts directory {d}" for d in sandboxes.NETNS_HOSTS_DIR.glob(f"{prefix}*")]
         return sorted(set(found))
 
+    def release(self, job_name: str) -> None:
+        """Nothing runs between calls here (readiness is probed on demand): nothing to stop."""
+
     def sweep(self) -> list[str]:
         """Remove every job whose owner process is gone (a crashed task or CLI run)."""
         return sandboxes.sweep(self.state_dir, keep=list(self._sandboxes))

@@ -2,8 +2,9 @@
 ends, without holding a worker slot.
 
 One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
-the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own.
-``serialize()`` returns primitives only. A user kill (``on_kill``) deletes the job.
+the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
+events are ``events.JobEvent``. ``serialize()`` returns primitives only. A user kill
+(``on_kill``) deletes the job.
 """
 
 from __future__ import annotations
@@ -18,19 +19,18 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_mpi.backends.k8s_errors import GONE, api_status
+from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent, Outcome
 from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.naming import job_selector
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
 from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
 
-WAIT_READY = "ready"
-WAIT_FINISHED = "finished"
 WATCH_SECONDS = 60
 
 
 class MPIJobTrigger(BaseTrigger):
-    """Fires once: ``{"status": "ready" | "finished" | "failed" | "timeout", ...}``."""
+    """Fires once, a ``JobEvent``: status ``ready``, ``finished``, ``failed`` or ``timeout``."""
 
     def __init__(
         self,
@@ -87,26 +87,26 @@ class MPIJobTrigger(BaseTrigger):
             roles[self.master_pod] = Role.MASTER
         return roles
 
-    def decide(self, table: PodTable) -> dict[str, Any] | None:
-        """The event to fire for the pods as they are now, or None to keep waiting."""
+    def decide(self, table: PodTable) -> Outcome | None:
+        """The outcome to fire for the pods as they are now, or None to keep waiting."""
         states = table.states(self.roles)
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
             return {
-                "status": "failed",
+                "status": STATUS_FAILED,
                 "pod": status.failed_pod,
                 "exit_code": status.exit_code,
                 "reason": status.reason,
             }
         if self.wait_for == WAIT_READY and status.phase is JobPhase.READY:
-            return {"status": "ready"}
+            return {"status": WAIT_READY}
         if self.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
-            return {"status": "finished"}
+            return {"status": WAIT_FINISHED}
         if time.time() >= self.deadline:
             if self.wait_for == WAIT_READY:
                 probes = probes_from_states(self.job_name, states, self.roles)
-                return {"status": "timeout", "reason": summarize_not_ready(probes, self.timeout, self.ssh_port)}
-            return {"status": "timeout", "reason": f"the job ran past its timeout of {self.timeout:.0f}s"}
+                return {"status": STATUS_TIMEOUT, "reason": summarize_not_ready(probes, self.timeout, self.ssh_port)}
+            return {"status": STATUS_TIMEOUT, "reason": f"the job ran past its timeout of {self.timeout:.0f}s"}
         return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -155,9 +155,9 @@ class MPIJobTrigger(BaseTrigger):
                     self.log.warning("watching job %s: %s; retrying", self.job_name, error)
                     await asyncio.sleep(loop.failed(gone=api_status(error) == GONE))
 
-    def _fire(self, outcome: dict[str, Any]) -> TriggerEvent:
+    def _fire(self, outcome: Outcome) -> TriggerEvent:
         self._fired = True
-        payload = {
+        payload: JobEvent = {
             **outcome,
             "job_name": self.job_name,
             "wait_for": self.wait_for,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_mpi.logstream import CUT_MARK, LineSplitter
+from airflow_mpi.logstream import CUT_MARK, TAIL_LINES, LineSplitter, format_tail
 
 TEXT = b"first\r\nsecond\n\nthird \xe2\x9c\x93\r\r\nlast without newline"
 LINES = ["first", "second", "", "third \u2713", "last without newline"]
@@ -60,3 +60,11 @@ def test_default_cap_is_64_kib_and_memory_stays_bounded() -> None:
 
 def test_no_cap_keeps_long_lines_whole() -> None:
     assert split(b"j" * 200_000 + b"\n", 65536, max_bytes=None) == ["j" * 200_000]
+
+
+def test_tail_block_shows_the_last_lines_of_its_source() -> None:
+    assert format_tail("job-worker-1", []) == ""
+    text = format_tail("rank 2", [f"line {i}" for i in range(40)])
+    shown = text.splitlines()
+    assert shown[1] == "last lines of rank 2:" and shown[0] == ""
+    assert shown[2:] == [f"  | line {i}" for i in range(40 - TAIL_LINES, 40)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import airflow_mpi
 
 PURE = ["spec", "naming", "topology", "mpirun", "ssh", "plan", "status", "contract", "manifests", "exceptions",
-        "readiness", "logstream"]  # fmt: skip
+        "readiness", "logstream", "events"]  # fmt: skip
 FORBIDDEN = {"airflow", "kubernetes", "kubernetes_asyncio", "subprocess", "asyncio", "socket", "threading", "os"}
 
 
