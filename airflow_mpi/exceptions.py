@@ -64,10 +64,6 @@ class JobNotFound(BackendError):
 class SshdNotReady(LaunchError):
     """Some worker's sshd never accepted the job key within the startup timeout."""
 
-    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
-        self.problems = tuple(problems)
-        super().__init__(message)
-
 
 class JobFailed(MPIJobError):
     """The MPI job ended without success; names the failing pod or rank and what it printed."""

@@ -67,8 +67,7 @@ def wait_for_sshd(
             return report.probes
         waited = time.monotonic() - start
         if waited >= timeout:
-            message = summarize_not_ready(report.probes, waited, port)
-            raise SshdNotReady(message, [p.describe(port) for p in report.probes if not p.ok])
+            raise SshdNotReady(summarize_not_ready(report.probes, waited, port))
         # Kubernetes wakes this at the next pod event; locally it is a plain back-off sleep.
         backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
         delay = min(delay * 1.5, 1.0)

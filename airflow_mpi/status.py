@@ -71,10 +71,6 @@ class JobPhase(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 
-    @property
-    def finished(self) -> bool:
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
-
 
 @dataclass(frozen=True)
 class JobStatus:
@@ -82,10 +78,6 @@ class JobStatus:
     failed_pod: str | None = None
     exit_code: int | None = None
     reason: str = ""
-
-    @property
-    def finished(self) -> bool:
-        return self.phase.finished
 
 
 def evaluate_job(pods: Sequence[PodState]) -> JobStatus:
