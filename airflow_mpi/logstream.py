@@ -137,7 +137,7 @@ class LineSplitter:
 
     def __init__(self, max_bytes: int | None = MAX_LINE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._partial = b""  # the start of the current line (at most max_bytes)
+        self._partial = bytearray()  # the start of the current line (at most max_bytes)
         self._cut = False  # the current line is past max_bytes: drop until its newline
 
     def feed(self, chunk: bytes) -> list[str]:
@@ -147,15 +147,19 @@ class LineSplitter:
         if not pieces:
             self._keep(rest)
             return []
-        self._keep(pieces[0])
-        lines = [self._end_line()]
-        limit = self.max_bytes
-        for piece in pieces[1:]:  # whole lines: the common case, kept fast
-            if limit is not None and len(piece) > limit:
-                lines.append(_cut_text(piece[:limit]))
-            else:
-                lines.append(piece.decode("utf-8", "replace").rstrip("\r"))
+        self._keep(pieces[0])  # ends the line earlier chunks began
+        first = self._end_line()
         self._keep(rest)
+        pieces[0] = b""  # replaced by ``first`` below; the other pieces are whole lines
+        limit = self.max_bytes
+        if limit is None or len(chunk) <= limit:
+            lines = [piece.decode("utf-8", "replace").rstrip("\r") for piece in pieces]
+        else:
+            lines = [
+                piece.decode("utf-8", "replace").rstrip("\r") if len(piece) <= limit else _cut_text(piece[:limit])
+                for piece in pieces
+            ]
+        lines[0] = first
         return lines
 
     def flush(self) -> list[str]:
@@ -176,11 +180,11 @@ class LineSplitter:
 
     def _end_line(self) -> str:
         line = _cut_text(self._partial) if self._cut else self._partial.decode("utf-8", "replace").rstrip("\r")
-        self._partial, self._cut = b"", False
+        self._partial, self._cut = bytearray(), False
         return line
 
 
-def _cut_text(head: bytes) -> str:
+def _cut_text(head: bytes | bytearray) -> str:
     """The kept start of an overlong line: a character split by the cut is dropped, not garbled."""
     return codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False) + CUT_MARK
 
