@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from airflow_mpi.exceptions import MPIJobError, SpecError, SpecIssue
+from airflow_mpi.exceptions import BackendError, JobFailed, MPIJobError, SpecError, SpecIssue
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.spec import MPIJobSpec, build_slot_plan
 
@@ -76,10 +76,44 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from airflow_mpi.runner import run_job_from_cli
-
     spec = load_spec(args.spec)
     return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir)
+
+
+def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | None = None) -> int:
+    """``airflow-mpi run``: the operator's flow on the local backend, output to stdout. Exits
+    with the job's own exit code (e.g. a rank's) when it has one."""
+    import signal
+
+    from airflow_mpi.backends.local import LocalBackend
+    from airflow_mpi.plan import render_plan
+    from airflow_mpi.runner import JobRunner
+
+    plan = render_plan(spec, identity)
+    backend = LocalBackend(state_dir=state_dir)
+
+    def emit(text: str) -> None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    runner = JobRunner(backend, plan, emit)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        result = runner.run()
+    except KeyboardInterrupt:
+        print(f"airflow-mpi: interrupted; job {plan.job_name} removed", file=sys.stderr)
+        return 130
+    except (JobFailed, BackendError) as error:
+        print(f"airflow-mpi: {error}", file=sys.stderr)
+        if isinstance(error, JobFailed) and error.exit_code:
+            return error.exit_code
+        return 1
+    emit(f"airflow-mpi: done in {result.durations_s['total']}s; result: {result.result}")
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

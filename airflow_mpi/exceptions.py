@@ -45,16 +45,24 @@ class BackendUnavailable(MPIJobError):
     """The backend cannot run here (missing privilege, tool, cluster access or configuration)."""
 
 
-class LaunchError(MPIJobError):
+class BackendError(MPIJobError):
+    """A request to the place that runs the pods failed; the subclass says which kind."""
+
+
+class LaunchError(BackendError):
     """Creating the job's pods or shared objects failed."""
+
+
+class BackendRequestFailed(BackendError):
+    """Reading, listing, deleting or following something of a job failed (not a create)."""
+
+
+class JobNotFound(BackendError):
+    """No job of this name where the backend looks (never created, or already deleted)."""
 
 
 class SshdNotReady(LaunchError):
     """Some worker's sshd never accepted the job key within the startup timeout."""
-
-    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
-        self.problems = tuple(problems)
-        super().__init__(message)
 
 
 class JobFailed(MPIJobError):

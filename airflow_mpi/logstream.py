@@ -1,12 +1,14 @@
 """What the master printed: bounded tails per rank, the rank that failed, and the job's result.
 
 Pure: it reads lines (mpiexec ``--tag-output`` style, ``[1,R]<stdout>:text``) and remembers
-only bounded amounts, whatever the volume. Also turns line batches into log records, and keeps
-the cursor that lets a dropped Kubernetes log stream resume with no duplicate and no gap.
+only bounded amounts, whatever the volume. Also splits byte streams into bounded lines (both
+backends), turns line batches into log records, formats the "last lines" of failure messages,
+and keeps the cursor that lets a dropped Kubernetes log stream resume with no duplicate and no gap.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections import deque
@@ -28,6 +30,9 @@ ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator")
 ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d+)")
 TIMEOUT_MARKS = ("The user-provided time limit for job execution has been reached", "MPIEXEC_TIMEOUT")
 MAX_RECORD_LINES = 5000
+MAX_LINE_BYTES = 64 * 1024  # a longer "line" (a progress bar without newlines) is cut here
+CUT_MARK = " [... line cut at 64 KiB]"
+TAIL_LINES = 15  # lines of a pod or rank shown in a failure message
 
 
 @dataclass
@@ -121,6 +126,75 @@ def build_log_records(lines: Sequence[str], max_lines: int = MAX_RECORD_LINES) -
     (~25-30k records/s at one line each, >1M lines/s at 100 lines per record)."""
     for start in range(0, len(lines), max_lines):
         yield "\n".join(lines[start : start + max_lines])
+
+
+class LineSplitter:
+    """Bytes as they arrive (any chunking) -> complete text lines, without the newline and any
+    trailing ``\r``. A line longer than ``max_bytes`` keeps its first ``max_bytes`` and ends with
+    ``CUT_MARK``; the rest of it, up to its newline, is dropped, so memory stays bounded whatever
+    a process prints. ``max_bytes=None``: no cap (watch events, whose size the API server bounds).
+    """
+
+    def __init__(self, max_bytes: int | None = MAX_LINE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._partial = bytearray()  # the start of the current line (at most max_bytes)
+        self._cut = False  # the current line is past max_bytes: drop until its newline
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The lines this chunk completes."""
+        pieces = chunk.split(b"\n")
+        rest = pieces.pop()
+        if not pieces:
+            self._keep(rest)
+            return []
+        self._keep(pieces[0])  # ends the line earlier chunks began
+        first = self._end_line()
+        self._keep(rest)
+        pieces[0] = b""  # replaced by ``first`` below; the other pieces are whole lines
+        limit = self.max_bytes
+        if limit is None or len(chunk) <= limit:
+            lines = [piece.decode("utf-8", "replace").rstrip("\r") for piece in pieces]
+        else:
+            lines = [
+                piece.decode("utf-8", "replace").rstrip("\r") if len(piece) <= limit else _cut_text(piece[:limit])
+                for piece in pieces
+            ]
+        lines[0] = first
+        return lines
+
+    def flush(self) -> list[str]:
+        """The last line when the stream ended without a newline ([] when it ended with one)."""
+        if not self._partial and not self._cut:
+            return []
+        return [self._end_line()]
+
+    def _keep(self, piece: bytes) -> None:
+        if self._cut or not piece:
+            return
+        room = len(piece) if self.max_bytes is None else self.max_bytes - len(self._partial)
+        if len(piece) > room:
+            self._partial += piece[:room]
+            self._cut = True
+        else:
+            self._partial += piece
+
+    def _end_line(self) -> str:
+        line = _cut_text(self._partial) if self._cut else self._partial.decode("utf-8", "replace").rstrip("\r")
+        self._partial, self._cut = bytearray(), False
+        return line
+
+
+def _cut_text(head: bytes | bytearray) -> str:
+    """The kept start of an overlong line: a character split by the cut is dropped, not garbled."""
+    return codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False) + CUT_MARK
+
+
+def format_tail(source: str, lines: Sequence[str]) -> str:
+    """The "last lines of <pod or rank>" block of a failure message ("" when there are none)."""
+    if not lines:
+        return ""
+    shown = "\n".join(f"  | {line}" for line in lines[-TAIL_LINES:])
+    return f"\nlast lines of {source}:\n{shown}"
 
 
 def build_rank_pods(spec: MPIJobSpec, topology: Topology) -> list[str]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from airflow_mpi import contract
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
 from airflow_mpi.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
-from airflow_mpi.naming import RunIdentity, build_job_labels, build_job_name, build_pod_labels
+from airflow_mpi.naming import RunIdentity, build_host_name, build_job_labels, build_job_name, build_pod_labels
 from airflow_mpi.scripts import launch_script_text, rank_sitecustomize_text
 from airflow_mpi.spec import HostsMode, MPIJobSpec, Role
 from airflow_mpi.ssh import SshMaterial, build_ssh_material, render_ssh_files
@@ -127,7 +127,7 @@ def _pod_plan(
         name=name,
         role=role,
         index=index,
-        host=f"{name}.{topology.job_name}",
+        host=build_host_name(topology.job_name, name),
         env=build_pod_env(spec, topology, role, name, job_env),
         labels=build_pod_labels(job_labels, role, index),
     )

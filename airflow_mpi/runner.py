@@ -2,24 +2,25 @@
 watch -> result, with teardown on every path.
 
 Airflow-free on purpose: ``MPIJobOperator`` and ``airflow-mpi run`` both drive ``JobRunner``;
-the sensor shares ``check_sshd_once``/``wait_for_sshd``.
+the sensor shares ``check_sshd_once``/``wait_for_sshd``. Every failure message of a job is built
+here, for the synchronous flow and for a deferred operator's trigger events alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from airflow_mpi.backends.base import Backend, ReattachableBackend
-from airflow_mpi.exceptions import JobFailed, JobTimeout, LaunchError, SshdNotReady
-from airflow_mpi.logstream import OutputTracker, build_log_records, build_rank_pods
+from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
+from airflow_mpi.exceptions import JobFailed, JobTimeout, MPIJobError, SshdNotReady
+from airflow_mpi.logstream import TAIL_LINES, OutputTracker, build_log_records, build_rank_pods, format_tail
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.readiness import HostProbe, summarize_not_ready
@@ -61,26 +62,25 @@ def wait_for_sshd(
     while True:
         report = check_sshd_once(backend, job_name)
         if report.failure is not None:
-            raise _worker_failed(backend, job_name, report.failure, "before sshd was ready")
+            raise worker_failure(backend, job_name, report.failure, "before sshd was ready")
         if report.ready:
             return report.probes
         waited = time.monotonic() - start
         if waited >= timeout:
-            message = summarize_not_ready(report.probes, waited, port)
-            raise SshdNotReady(message, [p.describe(port) for p in report.probes if not p.ok])
+            raise SshdNotReady(summarize_not_ready(report.probes, waited, port))
         # Kubernetes wakes this at the next pod event; locally it is a plain back-off sleep.
         backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
         delay = min(delay * 1.5, 1.0)
 
 
-def _worker_failed(backend: Backend, job_name: str, status: JobStatus, when: str) -> JobFailed:
-    tail = backend.pod_log_tail(job_name, status.failed_pod, 15) if status.failed_pod else []
-    shown = "\n".join(f"  | {line}" for line in tail)
+def worker_failure(backend: Backend, job_name: str, status: JobStatus, when: str) -> JobFailed:
+    """A worker pod ended (or could not start) ``when``: its cause and the last lines it printed."""
+    pod = status.failed_pod
+    tail = backend.pod_log_tail(job_name, pod, TAIL_LINES) if pod else []
     return JobFailed(
-        f"MPI job {job_name} failed {when}: {status.reason}"
-        + (f"\nlast lines of {status.failed_pod}:\n{shown}" if tail else ""),
+        f"MPI job {job_name} failed {when}: {status.reason}" + format_tail(pod or "", tail),
         exit_code=status.exit_code,
-        pod=status.failed_pod,
+        pod=pod,
         tail=tail,
     )
 
@@ -233,30 +233,52 @@ class JobRunner:
                     self.on_progress(shown)
             now = time.monotonic()
             if now >= deadline + TIMEOUT_GRACE:
-                raise JobTimeout(
-                    f"MPI job {self.job_name} ran past its timeout of {self.plan.spec.timeout}s and was killed",
-                    tail=self.output.tail[-15:],
-                )
+                raise self.timeout_failure(self.output.tail)
             if now >= next_watch:
                 next_watch = now + WATCH_INTERVAL
                 status = evaluate_job(self.backend.pod_states(self.job_name))
                 if status.phase is JobPhase.FAILED and status.failed_pod != self.plan.master.name:
-                    raise _worker_failed(self.backend, self.job_name, status, "while training")
+                    raise worker_failure(self.backend, self.job_name, status, "while training")
         status = evaluate_job(self.backend.pod_states(self.job_name))
         if time.monotonic() >= deadline:
             self.output.timed_out = True
         return status
 
+    def timeout_failure(
+        self, tail: Sequence[str], *, by_mpiexec: bool = False, exit_code: int | None = None
+    ) -> JobTimeout:
+        """The job ran past ``spec.timeout``: ended by mpiexec's own ``--timeout``, or killed."""
+        how = "(mpiexec --timeout)" if by_mpiexec else "and was killed"
+        shown = list(tail[-TAIL_LINES:])
+        return JobTimeout(
+            f"MPI job {self.job_name} ran past its timeout of {self.plan.spec.timeout}s {how}"
+            + format_tail(self.plan.master.name, shown),
+            exit_code=exit_code,
+            tail=shown,
+        )
+
+    def event_failure(self, event: JobEvent) -> MPIJobError | None:
+        """The error a deferred wait's event stands for, as the synchronous flow raises it; None
+        when the job goes on (workers ready) or the master's own end decides (``finish``)."""
+        status, wait_for = event["status"], event["wait_for"]
+        if status == STATUS_TIMEOUT and wait_for == WAIT_READY:
+            return SshdNotReady(event.get("reason", ""))
+        if status == STATUS_TIMEOUT:
+            return self.timeout_failure(self.backend.pod_log_tail(self.job_name, self.plan.master.name, TAIL_LINES))
+        if status == STATUS_FAILED and event.get("pod") != self.plan.master.name:
+            failed = JobStatus(JobPhase.FAILED, event.get("pod"), event.get("exit_code"), event.get("reason", ""))
+            when = "before sshd was ready" if wait_for == WAIT_READY else "while training"
+            return worker_failure(self.backend, self.job_name, failed, when)
+        return None
+
     def _failure(self, status: JobStatus) -> JobFailed:
+        """Why the job did not succeed, once the master ended: a worker, the timeout, the rank
+        mpiexec names, or the master itself."""
         plan, out = self.plan, self.output
         if status.failed_pod and status.failed_pod != plan.master.name:
-            return _worker_failed(self.backend, self.job_name, status, "while training")
+            return worker_failure(self.backend, self.job_name, status, "while training")
         if out.timed_out:
-            return JobTimeout(
-                f"MPI job {self.job_name} ran past its timeout of {plan.spec.timeout}s (mpiexec --timeout)",
-                exit_code=status.exit_code,
-                tail=out.tail[-15:],
-            )
+            return self.timeout_failure(out.tail, by_mpiexec=True, exit_code=status.exit_code)
         rank = out.failed_rank
         if rank is not None:
             pods = build_rank_pods(plan.spec, plan.topology)
@@ -268,57 +290,22 @@ class JobRunner:
                 if out.failed_signal is not None
                 else "failed"
             )
-            tail = out.rank_tail(rank) or out.tail[-15:]
-            shown = "\n".join(f"  | {line}" for line in tail[-15:])
+            tail = out.rank_tail(rank) or out.tail[-TAIL_LINES:]
             return JobFailed(
                 f"MPI job {self.job_name} failed: rank {rank}{where} {cause} (mpiexec exit code "
-                f"{status.exit_code})\nlast lines of rank {rank}:\n{shown}",
+                f"{status.exit_code})" + format_tail(f"rank {rank}", tail),
                 exit_code=out.failed_exit_code if out.failed_exit_code is not None else status.exit_code,
                 pod=pods[rank] if rank < len(pods) else plan.master.name,
                 rank=rank,
                 tail=tail,
             )
-        tail = out.tail[-15:]
-        shown = "\n".join(f"  | {line}" for line in tail)
+        tail = out.tail[-TAIL_LINES:]
         return JobFailed(
-            f"MPI job {self.job_name} failed: {status.reason}\nlast lines of {plan.master.name}:\n{shown}",
+            f"MPI job {self.job_name} failed: {status.reason}" + format_tail(plan.master.name, tail),
             exit_code=status.exit_code,
             pod=plan.master.name,
             tail=tail,
         )
-
-
-def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | None = None) -> int:
-    """``airflow-mpi run``: the operator's flow on the local backend, output to stdout."""
-    import signal
-
-    from airflow_mpi.backends.local import LocalBackend
-
-    plan = render_plan(spec, identity)
-    backend = LocalBackend(state_dir=state_dir)
-
-    def emit(text: str) -> None:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-
-    runner = JobRunner(backend, plan, emit)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        result = runner.run()
-    except KeyboardInterrupt:
-        print(f"airflow-mpi: interrupted; job {plan.job_name} removed", file=sys.stderr)
-        return 130
-    except (JobFailed, LaunchError) as error:
-        print(f"airflow-mpi: {error}", file=sys.stderr)
-        if isinstance(error, JobFailed) and error.exit_code:
-            return error.exit_code  # the job's own exit code, e.g. a rank's
-        return 1
-    emit(f"airflow-mpi: done in {result.durations_s['total']}s; result: {result.result}")
-    return 0
 
 
 def resume_or_clean(backend: Backend, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan | None:

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
+from airflow_mpi.naming import build_host_name
 
 KEY_FILE_MODE = 0o600
 KEY_DIR_MODE = 0o700
@@ -69,7 +70,7 @@ def render_known_hosts(job_name: str, host_keys: Mapping[str, KeyPair]) -> str:
     lines = []
     for pod, key in host_keys.items():
         algo_and_key = " ".join(key.public_openssh.split()[:2])
-        lines.append(f"{pod}.{job_name},{pod} {algo_and_key}\n")
+        lines.append(f"{build_host_name(job_name, pod)},{pod} {algo_and_key}\n")
     return "".join(lines)
 
 

@@ -2,8 +2,8 @@
 
 The operator, the sensor and the triggers all decide through ``evaluate_job``; backends only
 report what each pod is doing (``PodState``). Kubernetes pods become ``PodState`` here too
-(``pod_state_from_k8s``), and ``PodTable`` applies watch events, for the sync backend and the
-async trigger alike.
+(``pod_state_from_k8s``), ``PodTable`` applies watch events and ``WatchLoop`` decides when to
+list, watch or back off, for the sync backend and the async trigger alike.
 """
 
 from __future__ import annotations
@@ -71,10 +71,6 @@ class JobPhase(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 
-    @property
-    def finished(self) -> bool:
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
-
 
 @dataclass(frozen=True)
 class JobStatus:
@@ -82,10 +78,6 @@ class JobStatus:
     failed_pod: str | None = None
     exit_code: int | None = None
     reason: str = ""
-
-    @property
-    def finished(self) -> bool:
-        return self.phase.finished
 
 
 def evaluate_job(pods: Sequence[PodState]) -> JobStatus:
@@ -211,3 +203,44 @@ class PodTable:
             else:
                 states.append(PodState(name, role, PodPhase.PENDING))
         return states
+
+
+class WatchLoop:
+    """The list/watch loop over a job's pods that the backend's watch thread and the trigger's
+    coroutine both drive, as decisions only (the drivers make the requests): list when there is
+    no resourceVersion (the start, or after 410 Gone), else watch from it; after a failure, wait
+    with a doubling back-off, which a watch that ran its course resets."""
+
+    def __init__(self, first_backoff: float = 0.1, max_backoff: float = 5.0) -> None:
+        self.table = PodTable()
+        self.first_backoff = first_backoff
+        self.max_backoff = max_backoff
+        self._backoff = first_backoff
+
+    @property
+    def must_list(self) -> bool:
+        return not self.table.resource_version
+
+    def listed(self, items: list[Mapping[str, Any]], resource_version: str) -> None:
+        self.table.replace(items, resource_version)
+
+    def apply(self, event: Mapping[str, Any]) -> bool:
+        """Apply one watch event; False when the watch expired (410 Gone): end it, the next
+        round lists again."""
+        if self.table.apply(event):
+            return True
+        self.table.resource_version = ""
+        return False
+
+    def watch_ended(self) -> None:
+        """The watch ended by itself (server timeout, or expired): no back-off before the next."""
+        self._backoff = self.first_backoff
+
+    def failed(self, *, gone: bool) -> float:
+        """A request failed: the seconds to wait before the next round. ``gone``: the API server
+        answered 410 (the resourceVersion is too old), so the next round lists again."""
+        if gone:
+            self.table.resource_version = ""
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, self.max_backoff)
+        return delay

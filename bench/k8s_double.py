@@ -88,6 +88,7 @@ def scale(double: Double, workers: int) -> dict[str, float]:
     backend = backend_for(double)
     plan = plan_for(workers)
     last_ready = [0.0]
+    worker_pods = {worker.name for worker in plan.workers}
     ready_pods: set[str] = set()
     original = PodTable.apply
 
@@ -97,7 +98,7 @@ def scale(double: Double, workers: int) -> dict[str, float]:
         conditions = obj.get("status", {}).get("conditions") or []
         name = obj.get("metadata", {}).get("name", "")
         if (
-            "-worker-" in name
+            name in worker_pods
             and name not in ready_pods
             and any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
         ):

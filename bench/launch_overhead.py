@@ -18,10 +18,10 @@ from pathlib import Path
 from _state import STATE_DIR, remove_state_dir
 
 from airflow_mpi.backends.local import LocalBackend
-from airflow_mpi.naming import RunIdentity
+from airflow_mpi.naming import RunIdentity, build_pod_name
 from airflow_mpi.plan import render_plan
 from airflow_mpi.runner import JobRunner
-from airflow_mpi.spec import MPIJobSpec
+from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.topology import render_mpi_hosts
 
 
@@ -75,7 +75,7 @@ def bare_mpiexec(backend: LocalBackend, runs: int) -> list[float]:
 
 def _master_init(backend: LocalBackend, job_name: str) -> int | None:
     sandbox = backend._sandbox(job_name)
-    proc = sandbox.procs.get(f"{job_name}-master-0")
+    proc = sandbox.procs.get(build_pod_name(job_name, Role.MASTER, 0))
     if proc is None:
         return None
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()

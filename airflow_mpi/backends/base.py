@@ -3,7 +3,8 @@
 A backend receives a rendered ``JobPlan`` once (``create``) and from then on is addressed by the
 job name, so a sensor in another task, or a later try, can find the same job. Implementations:
 ``backends.local.LocalBackend`` (namespaced processes) and
-``backends.kubernetes.KubernetesBackend`` (core objects).
+``backends.kubernetes.KubernetesBackend`` (core objects). ``ReattachableBackend`` and
+``DeferrableBackend`` say what a backend offers beyond the flow, so callers never ask for a class.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class Backend(Protocol):
     def leftovers(self, job_name: str) -> list[str]:
         """What of the job still exists (empty after a complete teardown)."""
 
+    def release(self, job_name: str) -> None:
+        """Stop following a job without touching it (a sensor's poke is done): whatever this
+        object keeps running for the job (a watch) ends; the job itself goes on."""
+
 
 @dataclass(frozen=True)
 class FoundJob:
@@ -75,3 +80,12 @@ class ReattachableBackend(Backend, Protocol):
 
     def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
         """Watch an existing job (an earlier try's, or one a deferral left) as if created here."""
+
+
+@runtime_checkable
+class DeferrableBackend(ReattachableBackend, Protocol):
+    """A backend whose pods run without the task's process, so the task can wait in a trigger
+    (holding no worker slot) and resume in another process by adopting the job. The trigger
+    watches the pods through this Airflow connection."""
+
+    kubernetes_conn_id: str

@@ -18,7 +18,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,16 +26,27 @@ from typing import Any
 
 from airflow_mpi import contract
 from airflow_mpi.backends.base import FoundJob
-from airflow_mpi.exceptions import BackendUnavailable, LaunchError
-from airflow_mpi.logstream import LogCursor, split_timestamped
+from airflow_mpi.backends.k8s_errors import (
+    BAD_REQUEST,
+    CONFLICT,
+    GONE,
+    NOT_FOUND,
+    api_status,
+    is_transient,
+    retry_delay,
+    translate,
+)
+from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
+from airflow_mpi.logstream import LineSplitter, LogCursor, split_timestamped
 from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owner_reference
-from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
+from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, probes_from_states
 from airflow_mpi.spec import MPIJobSpec, Role
-from airflow_mpi.status import PodPhase, PodState, PodTable, pod_state_from_k8s
+from airflow_mpi.status import PodPhase, PodState, PodTable, WatchLoop, pod_state_from_k8s
 
-RETRY_STATUSES = {429, 500, 502, 503, 504}
+# The one API-dispatch table: each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
+KINDS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
 CREATE_ATTEMPTS = 6
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
@@ -118,6 +129,10 @@ class KubernetesBackend:
 
         return CoreV1Api(self.api_client)
 
+    def _api(self, verb: str, plural: str) -> Callable[..., Any]:
+        """``CoreV1Api.<verb>_namespaced_<kind>`` for ``plural`` (e.g. create, "pods")."""
+        return getattr(self.core, f"{verb}_namespaced_{KINDS[plural]}")  # type: ignore[no-any-return]
+
     def namespace_for(self, spec: MPIJobSpec) -> str:
         if spec.pod.namespace:
             return spec.pod.namespace
@@ -180,50 +195,38 @@ class KubernetesBackend:
     def _create(self, namespace: str, plural: str, manifest: Obj) -> Obj:
         """POST with bounded retries on 429/5xx and connection errors. A 409 after a retried POST
         means the first attempt went through: the existing object is ours when labels agree."""
-        create = {
-            "services": self.core.create_namespaced_service,
-            "secrets": self.core.create_namespaced_secret,
-            "configmaps": self.core.create_namespaced_config_map,
-            "pods": self.core.create_namespaced_pod,
-        }[plural]
+        create = self._api("create", plural)
         name = manifest["metadata"]["name"]
         retried = False
         for attempt in range(CREATE_ATTEMPTS):
             try:
                 return dict(json.loads(create(namespace, manifest, _preload_content=False).data))
             except Exception as error:
-                status = getattr(error, "status", None)
-                if status == 409:
+                if api_status(error) == CONFLICT:
                     existing = self._read(namespace, plural, name)
                     if retried and existing is not None and _same_job(existing, manifest):
                         return existing
                     raise _AlreadyExists(f"{plural[:-1]} {name} already exists in {namespace}", existing) from error
-                if status in RETRY_STATUSES or (status is None and _transient(error)):
+                if is_transient(error):
                     retried = True
-                    time.sleep(_retry_delay(error, attempt))
+                    time.sleep(retry_delay(error, attempt))
                     continue
-                raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed: {_reason(error)}") from error
+                raise translate(error, f"creating {plural[:-1]} {name} in {namespace}", creating=True) from error
         raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed {CREATE_ATTEMPTS} times")
 
     def _read(self, namespace: str, plural: str, name: str) -> Obj | None:
-        read = {
-            "services": self.core.read_namespaced_service,
-            "secrets": self.core.read_namespaced_secret,
-            "configmaps": self.core.read_namespaced_config_map,
-            "pods": self.core.read_namespaced_pod,
-        }[plural]
         try:
-            return dict(json.loads(read(name, namespace, _preload_content=False).data))
+            return dict(json.loads(self._api("read", plural)(name, namespace, _preload_content=False).data))
         except Exception as error:
-            if getattr(error, "status", None) == 404:
+            if api_status(error) == NOT_FOUND:
                 return None
-            raise LaunchError(f"reading {plural[:-1]} {name}: {_reason(error)}") from error
+            raise translate(error, f"reading {plural[:-1]} {name} in {namespace}") from error
 
     def _delete_and_wait(self, namespace: str, name: str, existing: Obj | None, timeout: float = TEARDOWN_WAIT) -> None:
         from kubernetes.client import V1DeleteOptions
 
         with contextlib.suppress(Exception):
-            self.core.delete_namespaced_service(
+            self._api("delete", "services")(
                 name, namespace, body=V1DeleteOptions(propagation_policy="Foreground"), _preload_content=False
             )
         deadline = time.monotonic() + timeout
@@ -247,10 +250,10 @@ class KubernetesBackend:
             pods = dict(watcher.table.pods)
         if not pods:
             watcher.stop()
-            raise LaunchError(f"no job {job_name} in namespace {namespace} (no pods with its label)")
+            raise JobNotFound(f"no job {job_name} in namespace {namespace} (no pods with its label)")
         states = {name: pod_state_from_k8s(pod) for name, pod in pods.items()}
         roles = {name: state.role for name, state in states.items()}
-        master = next((n for n, r in roles.items() if r is Role.MASTER), f"{job_name}-master-0")
+        master = next((n for n, r in roles.items() if r is Role.MASTER), build_pod_name(job_name, Role.MASTER, 0))
         job = _Job(name=job_name, namespace=namespace, watcher=watcher, roles=roles, master=master)
         self._jobs[job_name] = job
         return job
@@ -280,7 +283,7 @@ class KubernetesBackend:
                 raise LaunchError(f"job {job_name}: no plan to render its master from")
             service = self._read(job.namespace, "services", job_name)
             if service is None:
-                raise LaunchError(f"job {job_name} is gone (its Service was deleted)")
+                raise JobNotFound(f"job {job_name} is gone (its Service was deleted)")
             uid = service["metadata"]["uid"]
             job.master_manifest = render_manifests(job.plan, job.namespace, owner_uid=uid)[-1]
         job.roles[job.master] = Role.MASTER
@@ -303,15 +306,15 @@ class KubernetesBackend:
             try:
                 response = self._open_log(job, since)
             except Exception as error:
-                status = getattr(error, "status", None)
-                if status == 404 or (state.ended and status == 400):
+                status = api_status(error)
+                if status == NOT_FOUND or (state.ended and status == BAD_REQUEST):
                     return  # gone, or ended without ever starting (e.g. an image error)
-                if status == 400 or status in RETRY_STATUSES or (status is None and _transient(error)):
+                if status == BAD_REQUEST or is_transient(error):  # 400: the container is not up yet
                     job.watcher.wait(min(0.2 * (reconnects + 1), 2.0))
                     reconnects += 1
                     yield []
                     continue
-                raise LaunchError(f"reading the log of {job.master}: {_reason(error)}") from error
+                raise translate(error, f"reading the log of {job.master}") from error
             clean = yield from self._read_stream(job, response, idle_tick)
             if clean and self._master_state(job).ended:
                 return
@@ -351,7 +354,7 @@ class KubernetesBackend:
 
         reader = threading.Thread(target=read, name=f"log-{job.master}", daemon=True)
         reader.start()
-        partial = b""
+        lines = LineSplitter()
         clean = False
         try:
             while True:
@@ -365,11 +368,8 @@ class KubernetesBackend:
                     break
                 if isinstance(item, Exception):
                     break
-                pieces = (partial + item).split(b"\n")
-                partial = pieces.pop()
                 batch = []
-                for piece in pieces:
-                    text = piece.decode("utf-8", "replace").rstrip("\r")
+                for text in lines.feed(item):
                     try:
                         stamp, line = split_timestamped(text)
                     except ValueError:
@@ -412,12 +412,12 @@ class KubernetesBackend:
         job = self._jobs.get(job_name)
         namespace = job.namespace if job else namespace or self._namespace or "default"
         try:
-            self.core.delete_namespaced_service(
+            self._api("delete", "services")(
                 job_name, namespace, body=V1DeleteOptions(propagation_policy="Background"), _preload_content=False
             )
         except Exception as error:
-            if getattr(error, "status", None) != 404:
-                raise LaunchError(f"deleting job {job_name}: {_reason(error)}") from error
+            if api_status(error) != NOT_FOUND:
+                raise translate(error, f"deleting job {job_name} (its service) in {namespace}") from error
         if job is None:
             return
         watcher = job.watcher
@@ -430,7 +430,7 @@ class KubernetesBackend:
             left = [p["metadata"]["name"] for p in self._list(namespace, "pods", job_selector(job_name))]
         for pod in left:  # the collector is slow or off: delete directly
             with contextlib.suppress(Exception):
-                self.core.delete_namespaced_pod(pod, namespace, _preload_content=False)
+                self._api("delete", "pods")(pod, namespace, _preload_content=False)
         job.final_pods = left
         watcher.stop()
 
@@ -448,13 +448,7 @@ class KubernetesBackend:
         return found
 
     def _list(self, namespace: str, plural: str, selector: str) -> list[Obj]:
-        list_ = {
-            "services": self.core.list_namespaced_service,
-            "secrets": self.core.list_namespaced_secret,
-            "configmaps": self.core.list_namespaced_config_map,
-            "pods": self.core.list_namespaced_pod,
-        }[plural]
-        response = list_(namespace, label_selector=selector, _preload_content=False)
+        response = self._api("list", plural)(namespace, label_selector=selector, _preload_content=False)
         return list(json.loads(response.data).get("items") or [])
 
     # --- retries: find and adopt the job of an earlier try ---------------------------------
@@ -483,17 +477,21 @@ class KubernetesBackend:
 
 
 class PodWatcher:
-    """One watch over a job's pods in a thread, kept in a ``PodTable``; waiters wake on events."""
+    """One watch over a job's pods in a thread, kept in a ``PodTable``; waiters wake on events.
+    The thread drives the shared ``WatchLoop`` (list, watch, relist on 410, back off)."""
 
     def __init__(self, core: Any, namespace: str, selector: str) -> None:
         self.core, self.namespace, self.selector = core, namespace, selector
-        self.table = PodTable()
+        self.loop = WatchLoop(first_backoff=0.1)
         self.cond = threading.Condition()
         self._stop = threading.Event()
         self._response: Any = None
         self._thread: threading.Thread | None = None
         self._listed = False
-        self.watch_requests = 0
+
+    @property
+    def table(self) -> PodTable:
+        return self.loop.table
 
     @property
     def alive(self) -> bool:
@@ -523,25 +521,24 @@ class PodWatcher:
         if self._thread is not None:
             self._thread.join(5)
 
-    def _relist(self) -> None:
+    def _list(self) -> None:
         response = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, _preload_content=False)
         data = json.loads(response.data)
         with self.cond:
-            self.table.replace(data.get("items") or [], data["metadata"]["resourceVersion"])
+            self.loop.listed(data.get("items") or [], data["metadata"]["resourceVersion"])
             self._listed = True
             self.cond.notify_all()
 
     def _run(self) -> None:
-        backoff = 0.1
+        loop = self.loop
         while not self._stop.is_set():
             try:
-                if not self.table.resource_version:
-                    self._relist()
+                if loop.must_list:
+                    self._list()
                 else:
                     with self.cond:
                         self._listed = True
                         self.cond.notify_all()
-                self.watch_requests += 1
                 self._response = self.core.list_namespaced_pod(
                     self.namespace,
                     label_selector=self.selector,
@@ -552,21 +549,17 @@ class PodWatcher:
                     _preload_content=False,
                     _request_timeout=(10, WATCH_SECONDS + 30),
                 )
-                for event in _json_lines(self._response):
+                for event in _watch_events(self._response):
                     with self.cond:
-                        current = self.table.apply(event)
+                        current = loop.apply(event)
                         self.cond.notify_all()
-                    if not current:  # 410 Gone: relist, then watch from the new version
-                        self.table.resource_version = ""
+                    if not current:
                         break
-                backoff = 0.1
+                loop.watch_ended()
             except Exception as error:
                 if self._stop.is_set():
                     break
-                if getattr(error, "status", None) == 410:
-                    self.table.resource_version = ""
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                time.sleep(loop.failed(gone=api_status(error) == GONE))
             finally:
                 response, self._response = self._response, None
                 if response is not None:
@@ -576,44 +569,14 @@ class PodWatcher:
             self.cond.notify_all()
 
 
-def _json_lines(response: Any) -> Iterator[Obj]:
-    partial = b""
+def _watch_events(response: Any) -> Iterator[Obj]:
+    """The events of a watch response (one JSON object a line; no cap: the API server bounds them)."""
+    lines = LineSplitter(max_bytes=None)
     for chunk in response.stream(65536, decode_content=False):
-        pieces = (partial + chunk).split(b"\n")
-        partial = pieces.pop()
-        for piece in pieces:
-            if piece.strip():
-                yield json.loads(piece)
-    if partial.strip():
-        yield json.loads(partial)
+        yield from (json.loads(line) for line in lines.feed(chunk) if line.strip())
+    yield from (json.loads(line) for line in lines.flush() if line.strip())
 
 
 def _same_job(existing: Obj, manifest: Obj) -> bool:
     ours = manifest["metadata"].get("labels", {}).get(LABEL_JOB)
     return bool(ours) and (existing.get("metadata", {}).get("labels") or {}).get(LABEL_JOB) == ours
-
-
-def _transient(error: Exception) -> bool:
-    """Connection-level failures worth a retry (urllib3's, raised through the client)."""
-    name = type(error).__name__
-    return name in {"MaxRetryError", "ProtocolError", "NewConnectionError", "ReadTimeoutError", "ConnectionError"} or (
-        isinstance(error, OSError)
-    )
-
-
-def _retry_delay(error: Exception, attempt: int) -> float:
-    headers = getattr(error, "headers", None) or {}
-    retry_after = headers.get("Retry-After")
-    if retry_after is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            return min(float(str(retry_after)), 10.0)
-    return float(min(0.1 * 2**attempt, 3.0))
-
-
-def _reason(error: Exception) -> str:
-    body = getattr(error, "body", None)
-    if body:
-        with contextlib.suppress(ValueError, TypeError):
-            status = json.loads(body)
-            return f"{status.get('code', '')} {status.get('reason', '')}: {status.get('message', '')}".strip()
-    return f"{type(error).__name__}: {error}"

@@ -26,7 +26,9 @@ from pathlib import Path
 from airflow_mpi import contract
 from airflow_mpi.backends import sandbox as sandboxes
 from airflow_mpi.backends.sandbox import Mount, Sandbox
-from airflow_mpi.exceptions import BackendUnavailable, LaunchError, SpecError, SpecIssue
+from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError, SpecError, SpecIssue
+from airflow_mpi.logstream import LineSplitter
+from airflow_mpi.naming import build_host_name
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result
 from airflow_mpi.spec import Role
@@ -37,7 +39,6 @@ DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
 REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "ssh", "mpiexec", "bash")
 SSHD = "/usr/sbin/sshd"
 READ_CHUNK = 1 << 20
-MAX_LINE = 1 << 20  # a "line" longer than this is cut, so memory stays bounded
 
 
 def check_prerequisites() -> list[str]:
@@ -190,7 +191,7 @@ class LocalBackend:
         master_ssh = sandbox.dir / "pods" / master.name / "ssh"
 
         def probe(pod: sandboxes.SandboxPod) -> HostProbe:
-            host = f"{pod.name}.{job_name}"
+            host = build_host_name(job_name, pod.name)
             if sandbox.exit_code(pod.name) is not None:
                 tail = " | ".join(self.pod_log_tail(job_name, pod.name, 3))
                 return HostProbe(host, HostProblem.POD_ENDED, tail)
@@ -231,7 +232,7 @@ class LocalBackend:
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         os.set_blocking(fd, False)
-        partial = b""
+        lines = LineSplitter()  # a line past its cap is cut, so memory stays bounded
         with (sandbox.dir / "logs" / f"{master}.log").open("ab") as log:
             while True:
                 ready, _, _ = select.select([fd], [], [], idle_tick)
@@ -245,14 +246,10 @@ class LocalBackend:
                 if not chunk:
                     break
                 log.write(chunk)
-                pieces = (partial + chunk).split(b"\n")
-                partial = pieces.pop()
-                if len(partial) > MAX_LINE:
-                    pieces.append(partial)
-                    partial = b""
-                yield [piece.decode("utf-8", "replace").rstrip("\r") for piece in pieces]
-        if partial:
-            yield [partial.decode("utf-8", "replace").rstrip("\r")]
+                yield lines.feed(chunk)
+        last = lines.flush()
+        if last:
+            yield last
         proc.wait()
 
     # --- state ----------------------------------------------------------------------------
@@ -301,6 +298,9 @@ class LocalBackend:
         found += [f"hosts directory {d}" for d in sandboxes.NETNS_HOSTS_DIR.glob(f"{prefix}*")]
         return sorted(set(found))
 
+    def release(self, job_name: str) -> None:
+        """Nothing runs between calls here (readiness is probed on demand): nothing to stop."""
+
     def sweep(self) -> list[str]:
         """Remove every job whose owner process is gone (a crashed task or CLI run)."""
         return sandboxes.sweep(self.state_dir, keep=list(self._sandboxes))
@@ -311,7 +311,7 @@ class LocalBackend:
     def _sandbox(self, job_name: str) -> Sandbox:
         sandbox = self._sandboxes.get(job_name) or Sandbox.load(self.state_dir, job_name)
         if sandbox is None:
-            raise LaunchError(f"no local job {job_name} (never created, or already torn down)")
+            raise JobNotFound(f"no local job {job_name} (never created, or already torn down)")
         return sandbox
 
 

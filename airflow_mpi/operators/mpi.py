@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from airflow_mpi.backends.base import Backend
-from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.exceptions import BackendUnavailable, JobFailed, JobTimeout, SpecError, SshdNotReady
+from airflow_mpi.backends.base import Backend, DeferrableBackend
+from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
+from airflow_mpi.exceptions import BackendUnavailable, SpecError
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import render_plan
@@ -85,12 +85,17 @@ class MPIJobOperator(BaseOperator):
             backend = MPIJobHook(self.mpi_conn_id).get_backend()
         except (SpecError, BackendUnavailable) as error:
             raise AirflowFailException(str(error)) from error  # retrying cannot fix these
-        if self.deferrable and not isinstance(backend, KubernetesBackend):
+        if self.deferrable:
+            self._deferrable(backend)
+        return spec, run_identity(context), backend
+
+    def _deferrable(self, backend: Backend) -> DeferrableBackend:
+        if not isinstance(backend, DeferrableBackend):
             raise AirflowFailException(
                 f"deferrable=True needs the kubernetes backend; connection {self.mpi_conn_id!r} gives the "
                 f"{backend.name} backend, whose pods live in the worker process: use deferrable=False"
             )
-        return spec, run_identity(context), backend
+        return backend
 
     def execute(self, context: Context) -> dict[str, Any]:
         spec, identity, backend = self._prepare(context)
@@ -121,21 +126,20 @@ class MPIJobOperator(BaseOperator):
 
     def _defer_start(self, runner: JobRunner, adopted: bool) -> NoReturn:
         if adopted:
-            self._defer(runner, "finished")
+            self._defer(runner, WAIT_FINISHED)
         try:
             runner.create()
         except BaseException:
             runner.teardown()
             raise
-        self._defer(runner, "ready")
+        self._defer(runner, WAIT_READY)
 
     def _defer(self, runner: JobRunner, wait_for: str) -> NoReturn:
         from airflow_mpi.triggers.mpi import MPIJobTrigger
 
-        plan, backend = runner.plan, runner.backend
-        assert isinstance(backend, KubernetesBackend)  # checked in _prepare
+        plan, backend = runner.plan, self._deferrable(runner.backend)
         spec = plan.spec
-        timeout = spec.startup_timeout if wait_for == "ready" else spec.timeout
+        timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
         self.defer(
             trigger=MPIJobTrigger(
                 job_name=plan.job_name,
@@ -154,7 +158,7 @@ class MPIJobOperator(BaseOperator):
             timeout=timedelta(seconds=timeout + 300),
         )
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: JobEvent) -> dict[str, Any]:
         """Resumed from the trigger: start the master (workers ready), or collect the end."""
         job_name, marks, try_number = event["job_name"], event.get("marks") or {}, int(event["try_number"])
         spec, identity, backend = self._prepare(context)
@@ -162,38 +166,20 @@ class MPIJobOperator(BaseOperator):
         if plan.job_name != job_name:
             raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         progress = _Progress(context)
-        assert isinstance(backend, KubernetesBackend)  # checked in _prepare
-        backend.adopt(plan, backend.namespace_for(spec))
+        deferrable = self._deferrable(backend)
+        deferrable.adopt(plan, deferrable.namespace_for(spec))
         runner = self._runner = JobRunner(
             backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name)
         )
         runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
         try:
-            if event["status"] == "ready":
+            if event["status"] == WAIT_READY:
                 runner.marks["sshd_ready"] = float(event["at"])
                 runner.start_master()
-                self._defer(runner, "finished")
-            if event["status"] == "timeout" and event["wait_for"] == "ready":
-                raise SshdNotReady(f"MPI job {job_name}: {event['reason']}")
-            if event["status"] == "failed" and event.get("pod") != plan.master.name:
-                pod = event.get("pod") or ""
-                tail = backend.pod_log_tail(job_name, pod, 15) if pod else []
-                shown = "\n".join(f"  | {line}" for line in tail)
-                raise JobFailed(
-                    f"MPI job {job_name} failed: {event.get('reason')}"
-                    + (f"\nlast lines of {pod}:\n{shown}" if tail else ""),
-                    exit_code=event.get("exit_code"),
-                    pod=pod,
-                    tail=tail,
-                )
-            if event["status"] == "timeout":
-                tail = backend.pod_log_tail(job_name, plan.master.name, 15)
-                shown = "\n".join(f"  | {line}" for line in tail)
-                raise JobTimeout(
-                    f"MPI job {job_name} ran past its timeout of {spec.timeout}s and was killed\n"
-                    f"last lines of {plan.master.name}:\n{shown}",
-                    tail=tail,
-                )
+                self._defer(runner, WAIT_FINISHED)
+            failure = runner.event_failure(event)
+            if failure is not None:
+                raise failure
             result = runner.finish()  # finished, or the master failed: its log names the rank
         except TaskDeferred:
             raise  # the job lives on: no teardown

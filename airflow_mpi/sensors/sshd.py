@@ -49,9 +49,7 @@ class SshdReadySensor(BaseSensorOperator):
         try:
             report = check_sshd_once(backend, self.job_name)
         finally:
-            release = getattr(backend, "release", None)  # Kubernetes: stop this poke's watch
-            if release is not None:
-                release(self.job_name)
+            backend.release(self.job_name)  # Kubernetes: stop this poke's watch
         if report.failure is not None:
             raise AirflowFailException(f"MPI job {self.job_name}: {report.failure.reason}")
         self._last_probes = report.probes

@@ -1,9 +1,10 @@
 """Deferrable waits of MPIJobOperator on Kubernetes: until every worker is Ready, or until the job
 ends, without holding a worker slot.
 
-One watch over the job's pods (async client), the same ``PodTable`` and ``evaluate_job`` as the
-synchronous backend: the trigger decides nothing of its own. ``serialize()`` returns primitives
-only. A user kill (``on_kill``) deletes the job.
+One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
+the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
+events are ``events.JobEvent``. ``serialize()`` returns primitives only. A user kill
+(``on_kill``) deletes the job.
 """
 
 from __future__ import annotations
@@ -12,23 +13,24 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_mpi.backends.k8s_errors import GONE, api_status
+from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent, Outcome
+from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.naming import job_selector
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
-from airflow_mpi.status import JobPhase, PodTable, evaluate_job
+from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
 
-WAIT_READY = "ready"
-WAIT_FINISHED = "finished"
 WATCH_SECONDS = 60
 
 
 class MPIJobTrigger(BaseTrigger):
-    """Fires once: ``{"status": "ready" | "finished" | "failed" | "timeout", ...}``."""
+    """Fires once, a ``JobEvent``: status ``ready``, ``finished``, ``failed`` or ``timeout``."""
 
     def __init__(
         self,
@@ -85,26 +87,26 @@ class MPIJobTrigger(BaseTrigger):
             roles[self.master_pod] = Role.MASTER
         return roles
 
-    def decide(self, table: PodTable) -> dict[str, Any] | None:
-        """The event to fire for the pods as they are now, or None to keep waiting."""
+    def decide(self, table: PodTable) -> Outcome | None:
+        """The outcome to fire for the pods as they are now, or None to keep waiting."""
         states = table.states(self.roles)
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
             return {
-                "status": "failed",
+                "status": STATUS_FAILED,
                 "pod": status.failed_pod,
                 "exit_code": status.exit_code,
                 "reason": status.reason,
             }
         if self.wait_for == WAIT_READY and status.phase is JobPhase.READY:
-            return {"status": "ready"}
+            return {"status": WAIT_READY}
         if self.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
-            return {"status": "finished"}
+            return {"status": WAIT_FINISHED}
         if time.time() >= self.deadline:
             if self.wait_for == WAIT_READY:
                 probes = probes_from_states(self.job_name, states, self.roles)
-                return {"status": "timeout", "reason": summarize_not_ready(probes, self.timeout, self.ssh_port)}
-            return {"status": "timeout", "reason": f"the job ran past its timeout of {self.timeout:.0f}s"}
+                return {"status": STATUS_TIMEOUT, "reason": summarize_not_ready(probes, self.timeout, self.ssh_port)}
+            return {"status": STATUS_TIMEOUT, "reason": f"the job ran past its timeout of {self.timeout:.0f}s"}
         return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -112,58 +114,51 @@ class MPIJobTrigger(BaseTrigger):
         from kubernetes_asyncio.client import CoreV1Api
 
         hook = AsyncKubernetesHook(conn_id=self.kubernetes_conn_id)
-        table = PodTable()
+        loop = WatchLoop(first_backoff=0.2)
         selector = job_selector(self.job_name)
-        backoff = 0.2
         async with hook.get_conn() as api_client:
             core = CoreV1Api(api_client)
             while True:
                 try:
-                    if not table.resource_version:
+                    if loop.must_list:
                         listed = await core.list_namespaced_pod(self.namespace, label_selector=selector)
-                        table.replace(
+                        loop.listed(
                             [api_client.sanitize_for_serialization(p) for p in listed.items],
                             listed.metadata.resource_version,
                         )
-                    event = self.decide(table)
-                    if event is not None:
-                        yield self._fire(event)
+                    outcome = self.decide(loop.table)
+                    if outcome is not None:
+                        yield self._fire(outcome)
                         return
                     timeout = max(1, min(WATCH_SECONDS, int(self.deadline - time.time()) + 1))
                     response: Any = await core.list_namespaced_pod(
                         self.namespace,
                         label_selector=selector,
                         watch=True,
-                        resource_version=table.resource_version,
+                        resource_version=loop.table.resource_version,
                         allow_watch_bookmarks=True,
                         timeout_seconds=timeout,
                         _preload_content=False,
                     )
-                    async with response:
-                        async for line in response.content:
-                            if not line.strip():
-                                continue
-                            if not table.apply(json.loads(line)):
-                                table.resource_version = ""  # 410 Gone: relist
+                    async with response, contextlib.aclosing(_watch_events(response)) as events:
+                        async for event in events:
+                            if not loop.apply(event):
                                 break
-                            event = self.decide(table)
-                            if event is not None:
-                                yield self._fire(event)
+                            outcome = self.decide(loop.table)
+                            if outcome is not None:
+                                yield self._fire(outcome)
                                 return
-                    backoff = 0.2
+                    loop.watch_ended()
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:
-                    if getattr(error, "status", None) == 410:
-                        table.resource_version = ""
                     self.log.warning("watching job %s: %s; retrying", self.job_name, error)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    await asyncio.sleep(loop.failed(gone=api_status(error) == GONE))
 
-    def _fire(self, event: dict[str, Any]) -> TriggerEvent:
+    def _fire(self, outcome: Outcome) -> TriggerEvent:
         self._fired = True
-        payload = {
-            **event,
+        payload: JobEvent = {
+            **outcome,
             "job_name": self.job_name,
             "wait_for": self.wait_for,
             "at": time.time(),
@@ -185,3 +180,15 @@ class MPIJobTrigger(BaseTrigger):
                     self.job_name, self.namespace, body=V1DeleteOptions(propagation_policy="Background")
                 )
         self.log.info("task killed: MPI job %s deleted", self.job_name)
+
+
+async def _watch_events(response: Any) -> AsyncGenerator[dict[str, Any], None]:
+    """The events of a watch response (one JSON object a line; no cap: the API server bounds them)."""
+    lines = LineSplitter(max_bytes=None)
+    async for chunk in response.content.iter_any():
+        for line in lines.feed(chunk):
+            if line.strip():
+                yield json.loads(line)
+    for line in lines.flush():
+        if line.strip():
+            yield json.loads(line)

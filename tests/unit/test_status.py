@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_mpi.spec import Role
-from airflow_mpi.status import JobPhase, PodPhase, PodState, evaluate_job
+from airflow_mpi.status import JobPhase, PodPhase, PodState, WatchLoop, evaluate_job
 
 M, W = Role.MASTER, Role.WORKER
 
@@ -82,3 +82,36 @@ def test_evaluate_job(case: str, pods: list[PodState], phase: JobPhase, failed: 
 def test_describe_names_reason_and_code() -> None:
     text = pod("w0", W, PodPhase.FAILED, exit_code=137, reason="OOMKilled").describe()
     assert text == "pod w0 (worker) failed, exit code 137, OOMKilled"
+
+
+def watch_event(kind: str, name: str, rv: str) -> dict[str, object]:
+    return {"type": kind, "object": {"metadata": {"name": name, "resourceVersion": rv}, "status": {"phase": "Running"}}}
+
+
+def test_watch_loop_lists_first_then_watches_from_the_listed_version() -> None:
+    loop = WatchLoop()
+    assert loop.must_list
+    loop.listed([{"metadata": {"name": "w0", "resourceVersion": "3"}}], "7")
+    assert not loop.must_list and loop.table.resource_version == "7"
+    assert loop.apply(watch_event("ADDED", "w1", "8"))
+    assert loop.apply({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}})
+    assert set(loop.table.pods) == {"w0", "w1"} and loop.table.resource_version == "9"
+
+
+def test_watch_loop_relists_after_410_gone_in_the_stream_or_as_an_answer() -> None:
+    loop = WatchLoop()
+    loop.listed([], "7")
+    assert not loop.apply({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+    assert loop.must_list
+    loop.listed([], "20")
+    loop.failed(gone=False)
+    assert not loop.must_list  # any other failure: watch again from the same version
+    loop.failed(gone=True)
+    assert loop.must_list
+
+
+def test_watch_loop_backs_off_doubling_to_a_cap_and_a_finished_watch_resets_it() -> None:
+    loop = WatchLoop(first_backoff=0.2, max_backoff=1.0)
+    assert [loop.failed(gone=False) for _ in range(5)] == [0.2, 0.4, 0.8, 1.0, 1.0]
+    loop.watch_ended()
+    assert loop.failed(gone=False) == 0.2

@@ -1,0 +1,37 @@
+"""What a deferred MPIJobOperator waits for and what the trigger hands back: the two waits, the
+event's statuses and its shape. The trigger fires these; the runner turns them into the result
+or the same error the synchronous flow raises.
+"""
+
+from __future__ import annotations
+
+from typing import Final, TypedDict
+
+# The two waits. A wait that ends well fires an event whose status is the wait's own name.
+WAIT_READY: Final = "ready"  # until every worker is Ready: then the master starts
+WAIT_FINISHED: Final = "finished"  # until the master ends
+# How a wait ends badly.
+STATUS_FAILED: Final = "failed"  # a pod failed (the job's state machine says which)
+STATUS_TIMEOUT: Final = "timeout"  # the wait's deadline passed
+
+
+class _Status(TypedDict):
+    status: str  # WAIT_READY, WAIT_FINISHED, STATUS_FAILED or STATUS_TIMEOUT
+
+
+class Outcome(_Status, total=False):
+    """How the pods decided a wait: the status, and for a failure or timeout what and why."""
+
+    pod: str | None  # the failed pod (STATUS_FAILED)
+    exit_code: int | None  # its exit code, when it has one
+    reason: str  # the failure's cause, or why the wait timed out (one line per host not ready)
+
+
+class JobEvent(Outcome):
+    """The trigger's event: the outcome plus what the resumed operator (a new object) needs."""
+
+    job_name: str
+    wait_for: str  # WAIT_READY or WAIT_FINISHED
+    at: float  # epoch seconds when it fired
+    try_number: int  # the try that created the job (its name hashes it)
+    marks: dict[str, float]  # phase -> epoch seconds so far (the result's timings)

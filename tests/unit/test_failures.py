@@ -1,0 +1,62 @@
+"""One failure builder: a deferred operator's trigger events give the same errors, with the same
+messages, as the synchronous flow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent
+from airflow_mpi.exceptions import JobFailed, JobTimeout, SshdNotReady
+from airflow_mpi.runner import JobRunner, worker_failure
+from airflow_mpi.status import JobPhase, JobStatus
+from tests.helpers import plan_for, spec_from
+
+PLAN = plan_for(spec_from(workers={"replicas": 2}, timeout=60))
+WORKER = PLAN.workers[1].name
+
+
+class Logs:
+    """A backend as far as failure messages need one: each pod printed 30 numbered lines."""
+
+    name = "fake"
+
+    def pod_log_tail(self, job_name: str, pod: str, lines: int = 20) -> list[str]:
+        return [f"{pod} line {i}" for i in range(30)][-lines:]
+
+
+def runner() -> JobRunner:
+    return JobRunner(Logs(), PLAN, emit=lambda text: None)  # type: ignore[arg-type]
+
+
+def event(status: str, wait_for: str, **fields: Any) -> JobEvent:
+    return {"status": status, "wait_for": wait_for, "job_name": PLAN.job_name, "at": 0.0, "try_number": 1,
+            "marks": {}, **fields}  # fmt: skip
+
+
+def test_a_worker_failure_event_reads_as_the_synchronous_one() -> None:
+    for wait_for, when in ((WAIT_READY, "before sshd was ready"), (WAIT_FINISHED, "while training")):
+        failed = event(STATUS_FAILED, wait_for, pod=WORKER, exit_code=137, reason=f"pod {WORKER} OOMKilled")
+        error = runner().event_failure(failed)
+        status = JobStatus(JobPhase.FAILED, WORKER, 137, f"pod {WORKER} OOMKilled")
+        same = worker_failure(Logs(), PLAN.job_name, status, when)  # type: ignore[arg-type]
+        assert isinstance(error, JobFailed) and str(error) == str(same)
+        assert error.pod == WORKER and error.exit_code == 137
+        assert f"failed {when}: pod {WORKER} OOMKilled\nlast lines of {WORKER}:\n" in str(error)
+        assert str(error).endswith(f"  | {WORKER} line 29") and len(error.tail) == 15
+
+
+def test_timeout_events() -> None:
+    not_ready = runner().event_failure(event(STATUS_TIMEOUT, WAIT_READY, reason="1 of 2 worker host(s) did not ..."))
+    assert isinstance(not_ready, SshdNotReady) and str(not_ready) == "1 of 2 worker host(s) did not ..."
+    late = runner().event_failure(event(STATUS_TIMEOUT, WAIT_FINISHED, reason="ran past"))
+    assert isinstance(late, JobTimeout)
+    master = PLAN.master.name
+    assert str(late).startswith(f"MPI job {PLAN.job_name} ran past its timeout of 60")
+    assert f"and was killed\nlast lines of {master}:\n" in str(late) and late.tail[-1] == f"{master} line 29"
+
+
+def test_events_the_job_goes_on_from_give_no_error() -> None:
+    assert runner().event_failure(event(WAIT_READY, WAIT_READY)) is None
+    assert runner().event_failure(event(WAIT_FINISHED, WAIT_FINISHED)) is None
+    # The master failed: its own output names the rank, so ``finish`` builds the error.
+    assert runner().event_failure(event(STATUS_FAILED, WAIT_FINISHED, pod=PLAN.master.name, exit_code=1)) is None
