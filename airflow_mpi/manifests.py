@@ -12,7 +12,7 @@ from airflow_mpi import contract
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.naming import LABEL_JOB, LABEL_PREFIX
 from airflow_mpi.plan import JobPlan, PodPlan
-from airflow_mpi.spec import RoleSpec, Volume, render_cpu
+from airflow_mpi.spec import DEADLINE_GRACE_SECONDS, RoleSpec, Volume, render_cpu
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # the Service's uid, known after create
 REDACTED = "<generated per job; not shown>"
@@ -21,8 +21,6 @@ VOLUME_CONFIG = "mpi-config"
 VOLUME_SSH = "mpi-ssh"
 VOLUME_RUNTIME = "mpi-runtime"
 VOLUME_SHM = "dshm"
-# Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around.
-DEADLINE_GRACE_SECONDS = 60
 
 Manifest = dict[str, Any]
 

@@ -206,20 +206,29 @@ class MPIJobSpec:
 # Quantities and names
 # --------------------------------------------------------------------------------------------
 
-_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e\d+)?$")
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: Service names start with a letter
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# Anchored with \Z, not $ (which also matches before a final newline): the apiserver allows none.
+_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?\Z")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")  # DNS-1035: Service names start with a letter
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]\Z")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _CPU_MILLI = Decimal("0.001")
 
 # The job name gets "-<8 hex>" so two runs never collide (naming.build_job_name).
 JOB_HASH_LEN = 8
 MAX_DNS_LABEL = 63
+MAX_DNS_SUBDOMAIN = 253
+# Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around:
+# activeDeadlineSeconds = startup_timeout + timeout + this grace, and Kubernetes keeps it in an int32.
+DEADLINE_GRACE_SECONDS = 60
+MAX_POD_DEADLINE_SECONDS = 2**31 - 1
+# Kubernetes allows 256 KiB of annotations (keys and values) per object; the run identity's take
+# up to 3 x 250 characters, kept free here.
+MAX_ANNOTATION_BYTES = 256 * 1024 - 4096
 
 LAUNCHERS = {
     "deepspeed": "DeepSpeed's launcher",
@@ -644,6 +653,16 @@ def _check_job_settings(spec: MPIJobSpec) -> list[SpecIssue]:
                 "startup_timeout", f"is {spec.startup_timeout}", "give seconds for pods and sshd to start, e.g. 300"
             )
         )
+    deadline = spec.startup_timeout + spec.timeout + DEADLINE_GRACE_SECONDS
+    if spec.timeout >= 1 and spec.startup_timeout >= 1 and deadline > MAX_POD_DEADLINE_SECONDS:
+        issues.append(
+            SpecIssue(
+                "timeout",
+                f"is {spec.timeout}: with startup_timeout the pods' deadline would be {deadline} s, past the "
+                f"{MAX_POD_DEADLINE_SECONDS} s Kubernetes can hold (activeDeadlineSeconds is a 32-bit integer)",
+                f"use at most {MAX_POD_DEADLINE_SECONDS - DEADLINE_GRACE_SECONDS - spec.startup_timeout} seconds",
+            )
+        )
     if not 1 <= spec.ssh_port <= 65535:
         issues.append(SpecIssue("ssh_port", f"is {spec.ssh_port}", "use a TCP port 1-65535 (default 22)"))
     if spec.image and re.search(r"\s", spec.image):
@@ -663,6 +682,15 @@ def _check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
     for key in pod.annotations:
         if not _is_qualified_name(key):
             issues.append(SpecIssue(f"pod.annotations.{key}", "is not a valid annotation key", "use [prefix/]name"))
+    size = sum(len(key.encode()) + len(str(value).encode()) for key, value in pod.annotations.items())
+    if size > MAX_ANNOTATION_BYTES:
+        issues.append(
+            SpecIssue(
+                "pod.annotations",
+                f"hold {size} bytes; Kubernetes allows 262144 per object and the job needs 4096 of them",
+                f"keep them under {MAX_ANNOTATION_BYTES} bytes (put large data in a ConfigMap)",
+            )
+        )
     for index, toleration in enumerate(pod.tolerations):
         path = f"pod.tolerations[{index}]"
         if toleration.operator not in TOLERATION_OPERATORS:
@@ -673,9 +701,27 @@ def _check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
             )
         if toleration.operator == "Exists" and toleration.value:
             issues.append(SpecIssue(f"{path}.value", "must be empty with operator Exists", "remove it"))
-        if toleration.key is None and toleration.operator != "Exists":
+        if not toleration.key and toleration.operator != "Exists":
             issues.append(
                 SpecIssue(f"{path}.key", "is empty with operator Equal", "give a key, or use operator Exists")
+            )
+        if toleration.key and not _is_qualified_name(toleration.key):
+            issues.append(
+                SpecIssue(
+                    f"{path}.key", f"{toleration.key!r} is not a taint key", "use [prefix/]name, name <= 63 chars"
+                )
+            )
+        if toleration.operator == "Equal" and toleration.value and not _is_label_value(toleration.value):
+            issues.append(
+                SpecIssue(f"{path}.value", f"{toleration.value!r} is not a taint value", "use <= 63 of [A-Za-z0-9._-]")
+            )
+        if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
+            issues.append(
+                SpecIssue(
+                    f"{path}.toleration_seconds",
+                    f"is set with effect {toleration.effect!r}; it only bounds how long a NoExecute taint is tolerated",
+                    "set effect: NoExecute, or remove toleration_seconds",
+                )
             )
     reserved_mounts = {DEFAULT_PATHS.config_dir, DEFAULT_PATHS.ssh_secret_dir, DEFAULT_PATHS.runtime_dir}
     if pod.shm_size:
@@ -716,6 +762,16 @@ def _check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
             issues.append(
                 SpecIssue(f"{path}.host_path", f"{volume.host_path!r} is not absolute", "use an absolute path")
             )
+        if volume.host_path is not None and ".." in volume.host_path.split("/"):
+            issues.append(SpecIssue(f"{path}.host_path", f"{volume.host_path!r} contains '..'", "give the path itself"))
+        if volume.sub_path and (volume.sub_path.startswith("/") or ".." in volume.sub_path.split("/")):
+            issues.append(
+                SpecIssue(
+                    f"{path}.sub_path",
+                    f"{volume.sub_path!r} leaves the volume",
+                    "use a relative path inside the volume, without '..'",
+                )
+            )
     for index, secret in enumerate(pod.image_pull_secrets):
         if not _DNS_SUBDOMAIN.match(secret):
             issues.append(SpecIssue(f"pod.image_pull_secrets[{index}]", f"{secret!r} is not a Secret name", "fix it"))
@@ -725,7 +781,7 @@ def _check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
         )
     for key in ("service_account", "priority_class"):
         value = getattr(pod, key)
-        if value is not None and not _DNS_SUBDOMAIN.match(value):
+        if value is not None and (len(value) > MAX_DNS_SUBDOMAIN or not _DNS_SUBDOMAIN.match(value)):
             issues.append(SpecIssue(f"pod.{key}", f"{value!r} is not a valid object name", "use a DNS-1123 name"))
     if pod.shm_size is not None and not _QUANTITY.match(pod.shm_size):
         issues.append(SpecIssue("pod.shm_size", f"{pod.shm_size!r} is not a quantity", "use e.g. '2Gi'"))
@@ -739,12 +795,16 @@ def _is_qualified_name(key: str) -> bool:
     return bool(_LABEL_NAME.match(name))
 
 
+def _is_label_value(value: str) -> bool:
+    return len(value) <= MAX_DNS_LABEL and bool(_LABEL_VALUE.match(value))
+
+
 def _check_label_map(path: str, labels: Mapping[str, str]) -> list[SpecIssue]:
     issues = []
     for key, value in labels.items():
         if not _is_qualified_name(key):
             issues.append(SpecIssue(f"{path}.{key}", "is not a valid label key", "use [prefix/]name, name <= 63 chars"))
-        if not isinstance(value, str) or len(value) > MAX_DNS_LABEL or not _LABEL_VALUE.match(value):
+        if not isinstance(value, str) or not _is_label_value(value):
             issues.append(
                 SpecIssue(f"{path}.{key}", f"value {value!r} is not a valid label value", "use <= 63 of [A-Za-z0-9._-]")
             )

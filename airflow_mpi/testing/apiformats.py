@@ -28,14 +28,15 @@ _ENV_VAR_NAME_FMT = "[-._a-zA-Z][-._a-zA-Z0-9]*"
 _CONFIG_MAP_KEY_FMT = "[-._a-zA-Z0-9]+"
 _QUANTITY_FMT = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 
-_DNS1123_LABEL = re.compile(f"^{_DNS1123_LABEL_FMT}$")
-_DNS1123_SUBDOMAIN = re.compile(f"^{_DNS1123_SUBDOMAIN_FMT}$")
-_DNS1035_LABEL = re.compile(f"^{_DNS1035_LABEL_FMT}$")
-_LABEL_KEY = re.compile(f"^{_LABEL_KEY_FMT}$")
-_LABEL_VALUE = re.compile(f"^{_LABEL_VALUE_FMT}$")
-_ENV_VAR_NAME = re.compile(f"^{_ENV_VAR_NAME_FMT}$")
-_CONFIG_MAP_KEY = re.compile(f"^{_CONFIG_MAP_KEY_FMT}$")
-_PORT_NAME_CHARS = re.compile("^[-a-z0-9]+$")
+# \Z, not $: Go's $ matches only at the very end, Python's also before a final newline.
+_DNS1123_LABEL = re.compile(f"^{_DNS1123_LABEL_FMT}\\Z")
+_DNS1123_SUBDOMAIN = re.compile(f"^{_DNS1123_SUBDOMAIN_FMT}\\Z")
+_DNS1035_LABEL = re.compile(f"^{_DNS1035_LABEL_FMT}\\Z")
+_LABEL_KEY = re.compile(f"^{_LABEL_KEY_FMT}\\Z")
+_LABEL_VALUE = re.compile(f"^{_LABEL_VALUE_FMT}\\Z")
+_ENV_VAR_NAME = re.compile(f"^{_ENV_VAR_NAME_FMT}\\Z")
+_CONFIG_MAP_KEY = re.compile(f"^{_CONFIG_MAP_KEY_FMT}\\Z")
+_PORT_NAME_CHARS = re.compile("^[-a-z0-9]+\\Z")
 
 
 def regex_error(message: str, fmt: str, *examples: str) -> str:
@@ -291,7 +292,7 @@ def _scan_quantity(text: str) -> tuple[bool, str, str]:
     match = re.match(r"^([+-]?)([0-9]*)(?:\.([0-9]*))?(.*)$", text, re.DOTALL)
     assert match is not None  # every string matches
     sign, whole, fraction, rest = match.groups()
-    suffix_match = re.match(r"^([eEinumkKMGTP]*)([-+]?)([0-9]*)$", rest)
+    suffix_match = re.match(r"^([eEinumkKMGTP]*)([-+]?)([0-9]*)\Z", rest)
     if suffix_match is None:
         raise QuantityError(QUANTITY_FORMAT_ERROR)
     number = f"{whole or '0'}.{fraction or '0'}"

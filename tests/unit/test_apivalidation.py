@@ -44,6 +44,7 @@ def test_label_value_minus_one_is_refused_in_the_apiservers_words() -> None:
     assert is_label_value("-1") == [LABEL_MESSAGE]
     assert is_label_value("1") == [] and is_label_value("") == []
     assert is_label_value("a" * 64) == ["must be no more than 63 bytes"]
+    assert is_label_value("a\n") == [LABEL_MESSAGE]  # Go's $ is the very end: no final newline either
 
 
 @pytest.mark.parametrize(
@@ -99,6 +100,8 @@ def test_quantities_print_as_the_apiserver_prints_them(text: Any, canonical: str
         ("", "quantities must match the regular expression"),
         ("1K", "unable to parse quantity's suffix"),
         ("1e", "unable to parse quantity's suffix"),
+        ("1\n", "quantities must match the regular expression"),
+        ("\uff11Gi", "quantities must match the regular expression"),  # a fullwidth digit one
     ],
 )
 def test_quantities_that_do_not_parse(text: str, error: str) -> None:
