@@ -357,9 +357,16 @@ def validate_owner_references(references: Sequence[Any], path: str) -> list[Caus
 
 def validate_pod(pod: Mapping[str, Any]) -> list[Cause]:
     """A Pod on create."""
-    meta = _map(pod, "metadata")
+    causes = _validate_pod_metadata_and_spec(pod)
+    if _list(_map(pod, "spec"), "ephemeralContainers"):
+        causes.append(forbidden("spec.ephemeralContainers", "cannot be set on create"))
+    return causes
+
+
+def _validate_pod_metadata_and_spec(pod: Mapping[str, Any]) -> list[Cause]:
+    """What a Pod must be on create and on every update."""
     spec = _map(pod, "spec")
-    causes = validate_metadata(meta, is_dns1123_subdomain_name)
+    causes = validate_metadata(_map(pod, "metadata"), is_dns1123_subdomain_name)
     causes += validate_pod_spec(spec, "spec")
     for key in ("containers", "initContainers"):
         for index, container in enumerate(_list(spec, key)):
@@ -368,8 +375,6 @@ def validate_pod(pod: Mapping[str, Any]) -> list[Cause]:
                 causes.append(
                     invalid(f"spec.{key}[{index}].image", image, "must not have leading or trailing whitespace")
                 )
-    if _list(spec, "ephemeralContainers"):
-        causes.append(forbidden("spec.ephemeralContainers", "cannot be set on create"))
     return causes
 
 
@@ -764,7 +769,7 @@ UPDATABLE_POD_SPEC_FIELDS = (
 def validate_pod_update(pod: Mapping[str, Any], old: Mapping[str, Any]) -> list[Cause]:
     """A Pod's spec is immutable but for images, a shorter activeDeadlineSeconds, added tolerations."""
     causes = validate_metadata_update(_map(pod, "metadata"), _map(old, "metadata"))
-    causes += validate_pod(pod)
+    causes += _validate_pod_metadata_and_spec(pod)
     spec, old_spec = _map(pod, "spec"), _map(old, "spec")
     for key in ("containers", "initContainers"):
         if len(_list(spec, key)) != len(_list(old_spec, key)):

@@ -191,6 +191,13 @@ def test_pod_spec_is_immutable_but_for_image_deadline_and_added_tolerations() ->
     ]
 
 
+def test_ephemeral_containers_are_refused_on_create_only() -> None:
+    pod = job_objects()["Pod"]
+    debug = {**pod, "spec": {**pod["spec"], "ephemeralContainers": [{"name": "debug", "image": "busybox"}]}}
+    assert fields(validate_object("pods", debug)) == [("spec.ephemeralContainers", FORBIDDEN)]
+    assert validate_object("pods", debug, old=debug) == []  # added through their own subresource
+
+
 def test_removing_a_toleration_is_forbidden() -> None:
     old = job_objects(pod={"tolerations": [{"key": "gpu", "operator": "Exists"}]})["Pod"]
     new = copy.deepcopy(old)
