@@ -31,6 +31,9 @@ class HostsMode(str, Enum):
 # ``<spec.name>-<JOB_HASH_LEN hex>`` so two runs never collide (naming.build_job_name).
 MAX_DNS_LABEL = 63
 JOB_HASH_LEN = 8
+# Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around:
+# activeDeadlineSeconds = startup_timeout + timeout + this grace.
+DEADLINE_GRACE_SECONDS = 60
 
 # --- platform environment: written into every pod, never by the user ------------------------
 # (docs/contract.md#platform-variables)

@@ -9,6 +9,7 @@ import base64
 from typing import Any
 
 from airflow_mpi import contract
+from airflow_mpi.contract import DEADLINE_GRACE_SECONDS
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.naming import LABEL_JOB, LABEL_PREFIX
 from airflow_mpi.plan import JobPlan, PodPlan
@@ -21,8 +22,6 @@ VOLUME_CONFIG = "mpi-config"
 VOLUME_SSH = "mpi-ssh"
 VOLUME_RUNTIME = "mpi-runtime"
 VOLUME_SHM = "dshm"
-# Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around.
-DEADLINE_GRACE_SECONDS = 60
 
 Manifest = dict[str, Any]
 

@@ -2,7 +2,9 @@
 
 The job name is ``<spec.name>-<8 hex>``, the hex a hash of the full run identity, so it is
 deterministic for one try of one task instance and never collides between two runs or tries.
-Every name here is a valid DNS-1123 label; label values are made safe the way Kubernetes needs.
+Every name here is a valid DNS-1123 label; label values are made safe the way Kubernetes needs
+(at most 63 of ``[-A-Za-z0-9_.]``, alphanumeric at both ends: an unmapped task's map index -1 is
+not a label value, so that label is left out, as the cncf provider does).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def safe_label_value(text: str) -> str:
 
 
 def build_job_labels(job_name: str, identity: RunIdentity, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Labels on every object of the job: app.kubernetes.io/*, the job and the run identity."""
+    """Labels on every object of the job: app.kubernetes.io/*, the job and the run identity.
+    The map index only for a mapped task; every try is found by the run key, mapped or not."""
     labels = dict(extra or {})
     labels.update(
         {
@@ -84,11 +87,14 @@ def build_job_labels(job_name: str, identity: RunIdentity, extra: Mapping[str, s
             LABEL_DAG_ID: safe_label_value(identity.dag_id),
             LABEL_TASK_ID: safe_label_value(identity.task_id),
             LABEL_RUN_ID: safe_label_value(identity.run_id),
-            LABEL_MAP_INDEX: str(identity.map_index),
             LABEL_TRY_NUMBER: str(identity.try_number),
             LABEL_RUN_KEY: build_run_key(identity),
         }
     )
+    if identity.map_index >= 0:
+        labels[LABEL_MAP_INDEX] = str(identity.map_index)
+    else:
+        labels.pop(LABEL_MAP_INDEX, None)  # not even from ``extra``: it would claim a mapped task
     return labels
 
 

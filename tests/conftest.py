@@ -40,6 +40,8 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(HOME / "dags")
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
 os.environ["MPI_DEMO_DATA"] = str(DEMO_DATA)
+# Hypothesis keeps its caches (and failing examples' patches) in the session's home, not the tree.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HOME / "hypothesis"))
 os.environ["AIRFLOW_CONN_MPI_DEFAULT"] = json.dumps(
     {"conn_type": "mpi", "extra": {"backend": "local", "state_dir": str(STATE_DIR)}}
 )

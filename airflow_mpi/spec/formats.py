@@ -6,14 +6,21 @@ import re
 
 from airflow_mpi.contract import JOB_HASH_LEN, MAX_DNS_LABEL
 
-DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: Service names start with a letter
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# Anchored with \Z, not $ (which also matches before a final newline): the apiserver allows none.
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")  # DNS-1035: Service names start with a letter
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]\Z")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+MAX_DNS_SUBDOMAIN = 253
+# Kubernetes allows 256 KiB of annotations (keys and values) per object; the run identity's take
+# up to 3 x 250 characters, kept free here.
+MAX_ANNOTATION_BYTES = 256 * 1024 - 4096
+# activeDeadlineSeconds is a 32-bit integer in Kubernetes.
+MAX_POD_DEADLINE_SECONDS = 2**31 - 1
 
 
 def is_dns_label(text: str) -> bool:
@@ -23,9 +30,13 @@ def is_dns_label(text: str) -> bool:
 def is_qualified_name(key: str) -> bool:
     """A label or annotation key: ``[prefix/]name``."""
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix)):
+    if prefix and (len(prefix) > MAX_DNS_SUBDOMAIN or not DNS_SUBDOMAIN.match(prefix)):
         return False
     return bool(LABEL_NAME.match(name))
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= MAX_DNS_LABEL and bool(LABEL_VALUE.match(value))
 
 
 def max_name_length(worker_replicas: int) -> int:

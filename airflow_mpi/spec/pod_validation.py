@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING
 
 from airflow_mpi.contract import DEFAULT_PATHS, MAX_DNS_LABEL
 from airflow_mpi.exceptions import SpecIssue
-from airflow_mpi.spec.formats import DNS1123_LABEL, DNS_SUBDOMAIN, LABEL_VALUE, is_dns_label, is_qualified_name
+from airflow_mpi.spec.formats import (
+    DNS1123_LABEL,
+    DNS_SUBDOMAIN,
+    MAX_ANNOTATION_BYTES,
+    MAX_DNS_SUBDOMAIN,
+    is_dns_label,
+    is_label_value,
+    is_qualified_name,
+)
 from airflow_mpi.spec.quantities import QUANTITY
 
 if TYPE_CHECKING:
@@ -28,6 +36,15 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
     for key in pod.annotations:
         if not is_qualified_name(key):
             issues.append(SpecIssue(f"pod.annotations.{key}", "is not a valid annotation key", "use [prefix/]name"))
+    size = sum(len(key.encode()) + len(str(value).encode()) for key, value in pod.annotations.items())
+    if size > MAX_ANNOTATION_BYTES:
+        issues.append(
+            SpecIssue(
+                "pod.annotations",
+                f"hold {size} bytes; Kubernetes allows 262144 per object and the job needs 4096 of them",
+                f"keep them under {MAX_ANNOTATION_BYTES} bytes (put large data in a ConfigMap)",
+            )
+        )
     for index, toleration in enumerate(pod.tolerations):
         path = f"pod.tolerations[{index}]"
         if toleration.operator not in TOLERATION_OPERATORS:
@@ -38,9 +55,27 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
             )
         if toleration.operator == "Exists" and toleration.value:
             issues.append(SpecIssue(f"{path}.value", "must be empty with operator Exists", "remove it"))
-        if toleration.key is None and toleration.operator != "Exists":
+        if not toleration.key and toleration.operator != "Exists":
             issues.append(
                 SpecIssue(f"{path}.key", "is empty with operator Equal", "give a key, or use operator Exists")
+            )
+        if toleration.key and not is_qualified_name(toleration.key):
+            issues.append(
+                SpecIssue(
+                    f"{path}.key", f"{toleration.key!r} is not a taint key", "use [prefix/]name, name <= 63 chars"
+                )
+            )
+        if toleration.operator == "Equal" and toleration.value and not is_label_value(toleration.value):
+            issues.append(
+                SpecIssue(f"{path}.value", f"{toleration.value!r} is not a taint value", "use <= 63 of [A-Za-z0-9._-]")
+            )
+        if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
+            issues.append(
+                SpecIssue(
+                    f"{path}.toleration_seconds",
+                    f"is set with effect {toleration.effect!r}; it only bounds how long a NoExecute taint is tolerated",
+                    "set effect: NoExecute, or remove toleration_seconds",
+                )
             )
     reserved_mounts = {DEFAULT_PATHS.config_dir, DEFAULT_PATHS.ssh_secret_dir, DEFAULT_PATHS.runtime_dir}
     if pod.shm_size:
@@ -81,6 +116,16 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
             issues.append(
                 SpecIssue(f"{path}.host_path", f"{volume.host_path!r} is not absolute", "use an absolute path")
             )
+        if volume.host_path is not None and ".." in volume.host_path.split("/"):
+            issues.append(SpecIssue(f"{path}.host_path", f"{volume.host_path!r} contains '..'", "give the path itself"))
+        if volume.sub_path and (volume.sub_path.startswith("/") or ".." in volume.sub_path.split("/")):
+            issues.append(
+                SpecIssue(
+                    f"{path}.sub_path",
+                    f"{volume.sub_path!r} leaves the volume",
+                    "use a relative path inside the volume, without '..'",
+                )
+            )
     for index, secret in enumerate(pod.image_pull_secrets):
         if not DNS_SUBDOMAIN.match(secret):
             issues.append(SpecIssue(f"pod.image_pull_secrets[{index}]", f"{secret!r} is not a Secret name", "fix it"))
@@ -90,7 +135,7 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
         )
     for key in ("service_account", "priority_class"):
         value = getattr(pod, key)
-        if value is not None and not DNS_SUBDOMAIN.match(value):
+        if value is not None and (len(value) > MAX_DNS_SUBDOMAIN or not DNS_SUBDOMAIN.match(value)):
             issues.append(SpecIssue(f"pod.{key}", f"{value!r} is not a valid object name", "use a DNS-1123 name"))
     if pod.shm_size is not None and not QUANTITY.match(pod.shm_size):
         issues.append(SpecIssue("pod.shm_size", f"{pod.shm_size!r} is not a quantity", "use e.g. '2Gi'"))
@@ -102,7 +147,7 @@ def _check_label_map(path: str, labels: Mapping[str, str]) -> list[SpecIssue]:
     for key, value in labels.items():
         if not is_qualified_name(key):
             issues.append(SpecIssue(f"{path}.{key}", "is not a valid label key", "use [prefix/]name, name <= 63 chars"))
-        if not isinstance(value, str) or len(value) > MAX_DNS_LABEL or not LABEL_VALUE.match(value):
+        if not isinstance(value, str) or not is_label_value(value):
             issues.append(
                 SpecIssue(f"{path}.{key}", f"value {value!r} is not a valid label value", "use <= 63 of [A-Za-z0-9._-]")
             )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e\d+)?$")
+# [0-9], not \d (which takes any Unicode digit), and \Z, not $ (which allows a final newline).
+QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?\Z")
 CPU_MILLI = Decimal("0.001")
 
 

@@ -9,9 +9,15 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from airflow_mpi.contract import JOB_HASH_LEN, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, HostsMode
+from airflow_mpi.contract import (
+    DEADLINE_GRACE_SECONDS,
+    JOB_HASH_LEN,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    HostsMode,
+)
 from airflow_mpi.exceptions import SpecIssue
-from airflow_mpi.spec.formats import DNS_LABEL, ENV_NAME, RESOURCE_NAME, max_name_length
+from airflow_mpi.spec.formats import DNS_LABEL, ENV_NAME, MAX_POD_DEADLINE_SECONDS, RESOURCE_NAME, max_name_length
 from airflow_mpi.spec.mpi_validation import OWNED_MCA, check_mpi
 from airflow_mpi.spec.pod_validation import check_pod
 from airflow_mpi.spec.quantities import CPU_MILLI, QUANTITY, parse_cpu
@@ -295,6 +301,16 @@ def _check_job_settings(spec: MPIJobSpec) -> list[SpecIssue]:
         issues.append(
             SpecIssue(
                 "startup_timeout", f"is {spec.startup_timeout}", "give seconds for pods and sshd to start, e.g. 300"
+            )
+        )
+    deadline = spec.startup_timeout + spec.timeout + DEADLINE_GRACE_SECONDS
+    if spec.timeout >= 1 and spec.startup_timeout >= 1 and deadline > MAX_POD_DEADLINE_SECONDS:
+        issues.append(
+            SpecIssue(
+                "timeout",
+                f"is {spec.timeout}: with startup_timeout the pods' deadline would be {deadline} s, past the "
+                f"{MAX_POD_DEADLINE_SECONDS} s Kubernetes can hold (activeDeadlineSeconds is a 32-bit integer)",
+                f"use at most {MAX_POD_DEADLINE_SECONDS - DEADLINE_GRACE_SECONDS - spec.startup_timeout} seconds",
             )
         )
     if not 1 <= spec.ssh_port <= 65535:

@@ -3,11 +3,17 @@
 No kube-apiserver can be installed on the machines this project is built on, so the Kubernetes
 backend is tested against this: the ``kubernetes`` client talks to it exactly as to a cluster.
 
-What it speaks (core/v1, namespaced): create, get, list, watch (chunked, resourceVersion,
-bookmarks, 410 Gone past its history), delete (Background/Foreground/Orphan with ownerReference
-garbage collection), label and field selectors, 404/409/422 errors, pod status transitions
-(Pending -> Running -> Ready -> Succeeded/Failed with exit codes and reasons), events, and
-``pods/{name}/log`` with ``follow``, ``timestamps``, ``sinceTime`` (chunked).
+What it speaks (core/v1, namespaced): create, replace (PUT), get, list, watch (chunked,
+resourceVersion, bookmarks, 410 Gone past its history), delete (Background/Foreground/Orphan with
+ownerReference garbage collection), label and field selectors, 400/404/409/422 errors, pod status
+transitions (Pending -> Running -> Ready -> Succeeded/Failed with exit codes and reasons), events,
+and ``pods/{name}/log`` with ``follow``, ``timestamps``, ``sinceTime`` (chunked).
+
+It is as strict as kube-apiserver: every create and replace goes through ``apivalidation`` (the
+apiserver's own rules for names, labels, annotations, owner references, pods, services, secrets,
+configmaps, and the immutability of a pod's spec) and is refused with the same 422 ``Invalid``
+Status and causes; a body the apiserver cannot decode (a bad quantity, data that is not base64)
+gets its 400 ``BadRequest``.
 
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
 ``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
@@ -37,8 +43,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
-KINDS = {"pods": "Pod", "services": "Service", "secrets": "Secret", "configmaps": "ConfigMap", "events": "Event"}
-NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+from airflow_mpi.testing.apivalidation import (
+    KINDS,
+    decode_error,
+    decode_failure_message,
+    invalid_details,
+    invalid_message,
+    validate_object,
+)
+
 HISTORY = 20_000  # watch events kept; older resourceVersions get 410 Gone
 
 Obj = dict[str, Any]
@@ -282,21 +295,17 @@ class KubeDouble:
             ]
 
     def create(self, plural: str, namespace: str, body: Obj) -> Obj:
-        """Store a new object (what POST does); raises ``ApiError`` for 409/422."""
-        meta = body.setdefault("metadata", {})
-        name = meta.get("name") or (
-            meta.get("generateName", "") + uuid.uuid4().hex[:5] if meta.get("generateName") else ""
-        )
-        problems = self._invalid(plural, name, body)
-        if problems:
-            raise ApiError(422, "Invalid", f'{KINDS[plural]} "{name}" is invalid: {"; ".join(problems)}')
+        """Store a new object (what POST does); raises ``ApiError`` for 400/409/422."""
+        meta = self._admit(plural, namespace, body)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = generate_name(str(meta["generateName"]))
+        name = str(meta.get("name") or "")
+        self._validate(plural, name, body)
         with self._lock:
             key = (plural, namespace, name)
             if key in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists')
             meta.update(
-                name=name,
-                namespace=namespace,
                 uid=str(uuid.uuid4()),
                 resourceVersion=self._next_rv(),
                 creationTimestamp=rfc3339(time.time()),
@@ -306,10 +315,7 @@ class KubeDouble:
             if plural == "pods":
                 body["status"] = {"phase": "Pending", "qosClass": "Guaranteed"}
                 self.logs[(namespace, name)] = LogBuffer()
-            if plural == "secrets" and "stringData" in body:
-                data = body.setdefault("data", {})
-                for key_, value in body.pop("stringData").items():
-                    data[key_] = base64.b64encode(value.encode()).decode()
+            self._merge_string_data(plural, body)
             self.objects[key] = body
             self._emit("ADDED", plural, body)
             stored = copy.deepcopy(body)
@@ -317,27 +323,73 @@ class KubeDouble:
             self._spawn(self.kubelet.start, self, copy.deepcopy(stored))
         return stored
 
-    def _invalid(self, plural: str, name: str, body: Obj) -> list[str]:
-        problems = []
-        if not name:
-            problems.append("metadata.name: Required value")
-        elif len(name) > 253 or not NAME.match(name):
-            problems.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain")
-        if plural == "services" and (len(name) > 63 or "." in name):
-            problems.append("metadata.name: a DNS-1035 label must be no more than 63 characters")
-        if plural == "pods":
-            spec = body.get("spec") or {}
-            if not spec.get("containers"):
-                problems.append("spec.containers: Required value")
-            for container in spec.get("containers", []):
-                if not container.get("image"):
-                    problems.append(f"spec.containers[{container.get('name')}].image: Required value")
-            if "hostname" in spec and (len(spec["hostname"]) > 63 or not NAME.match(spec["hostname"])):
-                problems.append("spec.hostname: must be a DNS-1123 label")
-        for owner in body.get("metadata", {}).get("ownerReferences", []):
-            if not owner.get("uid"):
-                problems.append("metadata.ownerReferences.uid: Required value")
-        return problems
+    def replace(self, plural: str, namespace: str, name: str, body: Obj) -> Obj:
+        """Replace an object (what PUT does): the apiserver's update rules, e.g. a pod's spec is
+        immutable but for images, a shorter deadline and added tolerations. A pod keeps its status."""
+        meta = self._admit(plural, namespace, body)
+        if meta.get("name") != name:
+            sent = meta.get("name", "")
+            raise ApiError(
+                400, "BadRequest", f"the name of the object ({sent}) does not match the name on the URL ({name})"
+            )
+        with self._lock:
+            old = self.objects.get((plural, namespace, name))
+            if old is None:
+                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            current = old["metadata"]["resourceVersion"]
+            if meta.get("resourceVersion") not in (None, "", current):
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                )
+            for key in ("uid", "creationTimestamp", "deletionTimestamp"):  # system fields, kept if not sent
+                if key in old["metadata"] and not meta.get(key):
+                    meta[key] = old["metadata"][key]
+            meta["resourceVersion"] = current
+            self._validate(plural, name, body, old=old)
+            body.setdefault("apiVersion", "v1")
+            body.setdefault("kind", KINDS[plural])
+            if plural == "pods":
+                body["status"] = copy.deepcopy(old.get("status", {}))
+            self._merge_string_data(plural, body)
+            meta["resourceVersion"] = self._next_rv()
+            self.objects[(plural, namespace, name)] = body
+            self._emit("MODIFIED", plural, body)
+            return copy.deepcopy(body)
+
+    def _admit(self, plural: str, namespace: str, body: Obj) -> Obj:
+        """What the apiserver does before validating: decode, and fill the namespace from the URL."""
+        meta: Obj = body.setdefault("metadata", {})
+        if meta.get("namespace") and meta["namespace"] != namespace:
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
+        meta["namespace"] = namespace
+        problem = decode_error(plural, body)
+        if problem:
+            raise ApiError(400, "BadRequest", decode_failure_message(plural, body, problem))
+        return meta
+
+    @staticmethod
+    def _validate(plural: str, name: str, body: Obj, old: Obj | None = None) -> None:
+        causes = validate_object(plural, body, old=old)
+        if causes:
+            kind = KINDS[plural]
+            raise ApiError(
+                422, "Invalid", invalid_message(kind, name, causes), details=invalid_details(kind, name, causes)
+            )
+
+    @staticmethod
+    def _merge_string_data(plural: str, body: Obj) -> None:
+        """A Secret's stringData is write-only: stored base64-encoded in data, as the apiserver does."""
+        if plural == "secrets" and "stringData" in body:
+            data = body.setdefault("data", {})
+            for key, value in body.pop("stringData").items():
+                data[key] = base64.b64encode(value.encode()).decode()
 
     def update_pod_status(self, namespace: str, name: str, change: Callable[[Obj], None]) -> Obj | None:
         """Kubelet side: change a pod's status in place and tell the watches."""
@@ -540,9 +592,18 @@ class _Server(ThreadingHTTPServer):
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+
+GENERATED_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the apiserver's: no vowels, no look-alikes
+
+
+def generate_name(prefix: str) -> str:
+    """``generateName`` as the apiserver expands it: the prefix cut to 58, five random characters."""
+    suffix = "".join(GENERATED_NAME_CHARS[b % len(GENERATED_NAME_CHARS)] for b in uuid.uuid4().bytes[:5])
+    return prefix[:58] + suffix
 
 
 def _flag(query: dict[str, str], name: str) -> bool:
@@ -630,6 +691,9 @@ class _Handler(BaseHTTPRequestHandler):
                     self._watch(plural, namespace, query)
                 else:
                     self._list(plural, namespace, query)
+            elif method == "PUT" and name:
+                body = self._body()
+                self._send_json(200, double.replace(plural, namespace, name, body))
             elif method == "DELETE" and name:
                 body = self._body()
                 propagation = body.get("propagationPolicy") or query.get("propagationPolicy") or "Background"
@@ -637,7 +701,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} {url.path}")
         except ApiError as error:
-            self._send_json(error.code, status_body(error.code, error.reason, error.message))
+            self._send_json(error.code, status_body(error.code, error.reason, error.message, error.details))
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -741,6 +805,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._route("POST")
+
+    def do_PUT(self) -> None:
+        self._route("PUT")
 
     def do_DELETE(self) -> None:
         self._route("DELETE")

@@ -21,7 +21,8 @@ from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects, unique
 
 
-def make_plan(workers: int = 2, **fields: Any) -> JobPlan:
+def make_plan(workers: int = 2, *, identity: RunIdentity | None = None, **fields: Any) -> JobPlan:
+    """A job of an unmapped task (map index -1, as most are) unless ``identity`` says otherwise."""
     data: dict[str, Any] = {
         "name": "kjob",
         "image": "registry.example/train:1",
@@ -29,7 +30,7 @@ def make_plan(workers: int = 2, **fields: Any) -> JobPlan:
         "workers": {"replicas": workers},
     }
     data.update(fields)
-    return render_plan(MPIJobSpec.from_dict(data), RunIdentity("kdag", "train", unique("run")))
+    return render_plan(MPIJobSpec.from_dict(data), identity or RunIdentity("kdag", "train", unique("run")))
 
 
 class Log(list[str]):
@@ -41,16 +42,39 @@ def run(backend: KubernetesBackend, plan: JobPlan, log: Log | None = None) -> Jo
     return JobRunner(backend, plan, log if log is not None else Log()).run()
 
 
-def test_happy_path_costs_n_plus_10_requests(backend: KubernetesBackend, double: KubeDouble, scripts: Scripts) -> None:
+@pytest.mark.parametrize("map_index", [-1, 5], ids=["unmapped", "mapped"])
+def test_happy_path_costs_n_plus_10_requests(
+    backend: KubernetesBackend, double: KubeDouble, scripts: Scripts, map_index: int
+) -> None:
     scripts.on(
         "-master-", PodScript(lines=lambda: iter(['[1,0]<stdout>:AIRFLOW_MPI_RESULT {"loss": 0.1}']), exit_code=0)
     )
-    plan = make_plan(workers=3)
+    plan = make_plan(workers=3, identity=RunIdentity("kdag", "train", unique("run"), map_index))
     result = run(backend, plan)
     assert result.result == {"loss": 0.1} and result.np == 4
     assert len(double.requests) == 3 + 10, double.requests
     assert double.request_count("GET", "watch=True") == 1  # one watch, no polling
     assert job_objects(double, plan.job_name) == []
+
+
+@pytest.mark.parametrize("map_index", [-1, 0], ids=["unmapped", "mapped"])
+def test_a_retry_finds_the_earlier_try_and_no_other_task_instances_job(
+    backend: KubernetesBackend, double: KubeDouble, map_index: int
+) -> None:
+    run = unique("run")
+    first = make_plan(identity=RunIdentity("kdag", "train", run, map_index, try_number=1))
+    neighbour = make_plan(identity=RunIdentity("kdag", "train", run, 1 if map_index < 0 else -1, try_number=1))
+    for plan in (first, neighbour):
+        backend.create(plan)
+    try:
+        retry = RunIdentity("kdag", "train", run, map_index, try_number=2)
+        found = backend.find_jobs(retry, "default")
+        assert [(job.job_name, job.try_number) for job in found] == [(first.job_name, 1)]
+    finally:
+        for plan in (first, neighbour):
+            backend.teardown(plan.job_name)
+            backend.leftovers(plan.job_name)
+    assert job_objects(double) == []
 
 
 @pytest.mark.parametrize("version", ["1.30.0", "1.37.0"])

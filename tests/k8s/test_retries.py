@@ -38,7 +38,7 @@ from airflow_mpi.operators.mpi import MPIJobOperator
 sys.path.insert(0, sys.argv[4])
 from test_retries import FileStore
 operator = MPIJobOperator(task_id="train", job=json.loads(sys.argv[1]), mpi_conn_id="mpi_k8s")
-ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=sys.argv[2], map_index=-1, try_number=1)
+ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=sys.argv[2], map_index=int(sys.argv[5]), try_number=1)
 operator.execute({"ti": ti, "task_state_store": FileStore(sys.argv[3])})
 """
 
@@ -73,9 +73,9 @@ def slow_lines() -> Any:
     yield '[1,0]<stdout>:AIRFLOW_MPI_RESULT {"steps": 60}'
 
 
-def first_try_dies(double: KubeDouble, run_id: str, store: Path, until: Any) -> None:
+def first_try_dies(double: KubeDouble, run_id: str, store: Path, until: Any, map_index: int = -1) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps(SPEC), run_id, str(store), str(Path(__file__).parent)],
+        [sys.executable, "-c", CHILD, json.dumps(SPEC), run_id, str(store), str(Path(__file__).parent), str(map_index)],
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -88,9 +88,11 @@ def first_try_dies(double: KubeDouble, run_id: str, store: Path, until: Any) -> 
     child.wait()
 
 
-def second_try(run_id: str, store: Path, capfd: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], list[str]]:
+def second_try(
+    run_id: str, store: Path, capfd: pytest.CaptureFixture[str], map_index: int = -1
+) -> tuple[dict[str, Any], list[str]]:
     operator = MPIJobOperator(task_id="train", job=SPEC, mpi_conn_id="mpi_k8s")
-    ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=run_id, map_index=-1, try_number=2)
+    ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=run_id, map_index=map_index, try_number=2)
     capfd.readouterr()
     result = operator.execute({"ti": ti, "task_state_store": FileStore(str(store))})  # type: ignore[arg-type]
     shown = [
@@ -101,8 +103,9 @@ def second_try(run_id: str, store: Path, capfd: pytest.CaptureFixture[str]) -> t
     return result, shown
 
 
+@pytest.mark.parametrize("map_index", [-1, 3], ids=["unmapped", "mapped"])
 def test_crash_then_retry_reattaches_and_goes_on_where_the_log_stopped(
-    double: KubeDouble, scripts: Scripts, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    double: KubeDouble, scripts: Scripts, tmp_path: Path, capfd: pytest.CaptureFixture[str], map_index: int
 ) -> None:
     scripts.on("-master-", PodScript(lines=slow_lines, exit_code=0))
     run_id, store = unique("crash"), tmp_path / "store.json"
@@ -111,10 +114,12 @@ def test_crash_then_retry_reattaches_and_goes_on_where_the_log_stopped(
         value = FileStore(str(store)).get("airflow_mpi")
         return int(value["lines"]) if value else 0
 
-    first_try_dies(double, run_id, store, until=lambda: progress() >= 15)
+    first_try_dies(double, run_id, store, until=lambda: progress() >= 15, map_index=map_index)
     first_shown = progress()
     assert len(job_objects(double)) == 6  # the job lives on without its operator
-    result, shown = second_try(run_id, store, capfd)
+    labels = double.list_objects("services", "default")[0]["metadata"]["labels"]
+    assert labels.get("airflow-mpi.io/map-index") == (str(map_index) if map_index >= 0 else None)
+    result, shown = second_try(run_id, store, capfd, map_index)
     assert result["result"] == {"steps": 60}  # the same result the first try would have had
     assert result["job_name"].startswith("retried-") and double.request_count("POST", "/services") == 1
     # The log goes on exactly where the first try's stopped (by its last saved progress).

@@ -6,15 +6,21 @@ import random
 import re
 import string
 
+import pytest
+
 from airflow_mpi.naming import (
+    LABEL_MAP_INDEX,
     RunIdentity,
     build_job_labels,
     build_job_name,
+    build_pod_labels,
     build_pod_name,
     build_run_key,
+    run_selector,
     safe_label_value,
 )
 from airflow_mpi.spec import Role
+from airflow_mpi.testing.apivalidation import validate_labels
 
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -72,3 +78,29 @@ def test_job_labels_carry_run_identity() -> None:
     assert labels["app.kubernetes.io/managed-by"] == "airflow-mpi"
     assert labels["team"] == "ml"
     assert all(len(v) <= 63 and LABEL_VALUE.match(v) for v in labels.values())
+
+
+@pytest.mark.parametrize("map_index", [-1, 0, 1, 9, 10, 99, 1000, 10_000])
+def test_every_label_is_one_the_apiserver_accepts(map_index: int) -> None:
+    identity = RunIdentity("my.dag-1", "train_step.x", "manual__2026-11-30T19:52:07.123456+00:00", map_index, 100)
+    job_labels = build_job_labels("digits-1234abcd", identity, {"team": "ml"})
+    for labels in (job_labels, build_pod_labels(job_labels, Role.WORKER, 12)):
+        assert validate_labels(labels, "metadata.labels") == [], labels
+
+
+def test_an_unmapped_task_has_no_map_index_label_and_a_mapped_one_has_it() -> None:
+    unmapped = RunIdentity("dag", "train", "run", -1)
+    assert LABEL_MAP_INDEX not in build_job_labels("job-1", unmapped)
+    # not even one a user put in pod.labels: an unmapped task does not claim a map index
+    assert LABEL_MAP_INDEX not in build_job_labels("job-1", unmapped, {LABEL_MAP_INDEX: "3"})
+    assert build_job_labels("job-1", RunIdentity("dag", "train", "run", 0))[LABEL_MAP_INDEX] == "0"
+    # -1 is what a real apiserver refuses: the check used above says so too
+    assert validate_labels({LABEL_MAP_INDEX: "-1"}, "metadata.labels")
+
+
+def test_run_selector_tells_unmapped_from_mapped_tasks_and_keeps_tries_together() -> None:
+    selectors = {run_selector(RunIdentity("dag", "train", "run", index, 1)) for index in (-1, 0, 1)}
+    assert len(selectors) == 3
+    assert run_selector(RunIdentity("dag", "train", "run", -1, 1)) == run_selector(
+        RunIdentity("dag", "train", "run", -1, 5)
+    )

@@ -158,6 +158,36 @@ BAD_SPECS: list[tuple[dict[str, Any], str, str]] = [
     ({"pod": {"image_pull_policy": "Sometimes"}}, "pod.image_pull_policy", "IfNotPresent"),
     ({"pod": {"shm_size": "lots"}}, "pod.shm_size", "2Gi"),
     ({"pod": {"namespace": "Team_A"}}, "pod.namespace", "DNS-1123"),
+    # What a real apiserver would refuse at create, said before any object exists:
+    (
+        {"pod": {"volumes": [{"name": "d", "mount_path": "/d", "empty_dir": True, "sub_path": "../up"}]}},
+        "pod.volumes[0].sub_path",
+        "without '..'",
+    ),
+    (
+        {"pod": {"volumes": [{"name": "d", "mount_path": "/d", "empty_dir": True, "sub_path": "/etc"}]}},
+        "pod.volumes[0].sub_path",
+        "relative path",
+    ),
+    (
+        {"pod": {"volumes": [{"name": "d", "mount_path": "/d", "host_path": "/mnt/../etc"}]}},
+        "pod.volumes[0].host_path",
+        "'..'",
+    ),
+    ({"pod": {"tolerations": [{"key": "a b", "operator": "Exists"}]}}, "pod.tolerations[0].key", "taint key"),
+    ({"pod": {"tolerations": [{"key": "", "value": "x"}]}}, "pod.tolerations[0].key", "operator Exists"),
+    ({"pod": {"tolerations": [{"key": "a", "value": "-1"}]}}, "pod.tolerations[0].value", "taint value"),
+    (
+        {"pod": {"tolerations": [{"key": "a", "operator": "Exists", "effect": "NoSchedule", "toleration_seconds": 5}]}},
+        "pod.tolerations[0].toleration_seconds",
+        "NoExecute",
+    ),
+    ({"timeout": 2**31}, "timeout", "32-bit integer"),
+    ({"pod": {"annotations": {"big": "x" * 256 * 1024}}}, "pod.annotations", "262144"),
+    ({"pod": {"service_account": "a" * 254}}, "pod.service_account", "DNS-1123"),
+    ({"pod": {"labels": {"team": "ml\n"}}}, "pod.labels.team", "label value"),
+    ({"env": {"A\n": "x"}}, "env.A\n", "environment variable name"),
+    ({"master": {"memory": "\uff11Gi"}}, "master.memory", "8Gi"),  # a fullwidth digit
 ]
 
 

@@ -81,3 +81,22 @@ with DAG("mpi_test_k8s_deferred", schedule=None, start_date=START, catchup=False
         deferrable=True,
         retries=0,
     )  # fmt: skip
+
+# An unmapped and a mapped task in both modes, through the Kubernetes backend and the strict API
+# double with scripted pods: each task's jobs are labelled for its own map index (or none).
+SCRIPTED_JOB = {
+    "name": "identity",
+    "image": "registry.example/train:1",
+    "command": ["python", "/app/t.py"],
+    "workers": {"replicas": 1},
+    "startup_timeout": 30,
+    "timeout": 60,
+}
+
+with DAG("mpi_test_k8s_mapped", schedule=None, start_date=START, catchup=False):
+    for deferrable in (False, True):
+        mode = "deferred" if deferrable else "waiting"
+        MPIJobOperator(task_id=mode, job=SCRIPTED_JOB, mpi_conn_id="mpi_k8s", deferrable=deferrable, retries=0)
+        MPIJobOperator.partial(
+            task_id=f"{mode}_mapped", mpi_conn_id="mpi_k8s", deferrable=deferrable, retries=0
+        ).expand(job=[SCRIPTED_JOB, {**SCRIPTED_JOB, "workers": {"replicas": 2}}])
