@@ -15,6 +15,7 @@ from airflow_mpi.spec.formats import DNS_LABEL, ENV_NAME, RESOURCE_NAME, max_nam
 from airflow_mpi.spec.mpi_validation import OWNED_MCA, check_mpi
 from airflow_mpi.spec.pod_validation import check_pod
 from airflow_mpi.spec.quantities import CPU_MILLI, QUANTITY, parse_cpu
+from airflow_mpi.spec.run_as_validation import check_run_as
 from airflow_mpi.spec.slots import build_slot_plan
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) ->
         check_mpi,
         _check_job_settings,
         check_pod,
+        check_run_as,
     )
     issues: list[SpecIssue] = []
     for check in checks:
