@@ -12,6 +12,10 @@ garbage collection), label and field selectors, 404/409/422 errors, pod status t
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
 ``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
 
+Admission: a namespace labelled ``pod-security.kubernetes.io/enforce`` (``label_namespace``)
+refuses pods its Pod Security Standards level forbids, with the real 403 and message
+(``airflow_mpi.testing.podsecurity``).
+
 Fault knobs: ``fail_requests`` (e.g. 500 on the N-th create), ``drop_log_streams`` (cut a log
 stream after K lines), ``expire_watches`` (410), ``clock_offset`` (the node's clock against
 this machine's), and the scripted kubelet's per-pod faults (image pull error, unschedulable,
@@ -36,6 +40,8 @@ from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
+
+from airflow_mpi.testing import podsecurity
 
 KINDS = {"pods": "Pod", "services": "Service", "secrets": "Secret", "configmaps": "ConfigMap", "events": "Event"}
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -162,6 +168,7 @@ class KubeDouble:
         self.history: deque[tuple[int, str, str, Obj]] = deque(maxlen=HISTORY)
         self.requests: list[tuple[str, str]] = []
         self.created: list[Obj] = []  # every body POSTed, for schema checks
+        self.namespace_labels: dict[str, dict[str, str]] = {}  # e.g. the PodSecurity enforce level
         self._rv = 1000
         self._min_rv = 0  # watches from below this get 410 Gone
         self._lock = threading.RLock()
@@ -246,6 +253,11 @@ class KubeDouble:
             for _, _, q in self._watchers:
                 q.put("expired")
 
+    def label_namespace(self, namespace: str, labels: dict[str, str]) -> None:
+        """Set a namespace's labels, e.g. ``{"pod-security.kubernetes.io/enforce": "restricted"}``."""
+        with self._lock:
+            self.namespace_labels[namespace] = dict(labels)
+
     def request_count(self, method: str | None = None, path: str = "") -> int:
         return sum(1 for m, p in self.requests if (method is None or m == method) and path in p)
 
@@ -290,6 +302,10 @@ class KubeDouble:
         problems = self._invalid(plural, name, body)
         if problems:
             raise ApiError(422, "Invalid", f'{KINDS[plural]} "{name}" is invalid: {"; ".join(problems)}')
+        if plural == "pods":  # admission runs after validation, as in the API server
+            denial = podsecurity.admission_denial(name, body, self.namespace_labels.get(namespace, {}))
+            if denial:
+                raise ApiError(403, "Forbidden", denial)
         with self._lock:
             key = (plural, namespace, name)
             if key in self.objects:
