@@ -399,7 +399,11 @@ class KubeDouble:
             obj["metadata"]["resourceVersion"] = self._next_rv()
             self._emit("MODIFIED", plural, obj)
             snapshot = copy.deepcopy(obj)
-        self._spawn(self._finish_delete, plural, namespace, name, propagation)
+        if plural != "pods" and propagation != "Foreground":
+            # No finalizer and no graceful shutdown: gone when DELETE answers, as in the API server.
+            self._finish_delete(plural, namespace, name, propagation)
+        else:
+            self._spawn(self._finish_delete, plural, namespace, name, propagation)
         return snapshot
 
     def _finish_delete(self, plural: str, namespace: str, name: str, propagation: str) -> None:
