@@ -216,7 +216,10 @@ class KubernetesBackend:
                     retried = True
                     time.sleep(_retry_delay(error, attempt))
                     continue
-                raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed: {_reason(error)}") from error
+                reason = _reason(error)
+                raise LaunchError(
+                    f"creating {plural[:-1]} {name} in {namespace} failed: {reason}{_fix(reason)}"
+                ) from error
         raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed {CREATE_ATTEMPTS} times")
 
     def _read(self, namespace: str, plural: str, name: str) -> Obj | None:
@@ -622,6 +625,17 @@ def _retry_delay(error: Exception, attempt: int) -> float:
         with contextlib.suppress(TypeError, ValueError):
             return min(float(str(retry_after)), 10.0)
     return float(min(0.1 * 2**attempt, 3.0))
+
+
+def _fix(reason: str) -> str:
+    """The fix for a refusal whose cause the API server's words name but do not solve."""
+    if "violates PodSecurity" in reason:
+        return (
+            "; the namespace enforces the Pod Security Standards and the pods run as root: run the job without "
+            "root (pod.run_as_user, ssh_port 1024 or above, an image with that user; "
+            "docs/contract.md#jobs-without-root)"
+        )
+    return ""
 
 
 def _reason(error: Exception) -> str:

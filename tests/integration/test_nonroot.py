@@ -120,7 +120,8 @@ def test_a_uid_without_a_user_here_is_refused_before_anything_is_created(
     assert f"useradd --uid {uid} --create-home --shell /bin/bash" in str(caught.value)
     left = backend.leftovers(plan.job_name)
     assert left == [] and not (backend.state_dir / plan.job_name).exists()
-    fault_row("run_as_user with no such user", "local", "waiting", "failed", seconds, str(caught.value), left)
+    problem = str(caught.value).splitlines()[1].strip(" -")  # the first line only counts the problems
+    fault_row("run_as_user with no such user", "local", "waiting", "failed", seconds, problem, left)
 
 
 def _user_exists(uid: int) -> bool:

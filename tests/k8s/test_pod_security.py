@@ -53,6 +53,10 @@ def test_root_pods_are_refused_in_a_restricted_namespace(
     message = str(caught.value)
     assert re.search(rf'pods "{plan.job_name}-worker-\d" is forbidden: {re.escape(ROOT_DENIAL)}', message), message
     assert "403" in message
+    assert message.endswith(
+        "; the namespace enforces the Pod Security Standards and the pods run as root: run the job without root "
+        "(pod.run_as_user, ssh_port 1024 or above, an image with that user; docs/contract.md#jobs-without-root)"
+    )
     assert double.request_count("POST", f"/namespaces/{NAMESPACE}/pods") >= 1
     assert not [m for m, p in double.requests if m == "POST" and p.endswith("/pods") and "master" in p]
     left = left_in(double, NAMESPACE)
