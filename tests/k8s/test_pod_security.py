@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import kubernetes_validate
@@ -17,10 +18,11 @@ from kubernetes.client.rest import ApiException
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import LaunchError
 from airflow_mpi.manifests import render_manifests
+from airflow_mpi.operators.mpi import MPIJobOperator
 from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from airflow_mpi.testing.podsecurity import check_pod
 from tests.faults import FaultRow
-from tests.k8s.conftest import JOB_KINDS, Scripts, api_client_for
+from tests.k8s.conftest import JOB_KINDS, Scripts, api_client_for, unique
 from tests.k8s.test_kubernetes_backend import Log, make_plan, run
 
 NAMESPACE = "training"
@@ -41,29 +43,31 @@ def left_in(kube: KubeDouble, namespace: str) -> list[str]:
 
 
 @pytest.mark.fault
-def test_root_pods_are_refused_in_a_restricted_namespace(
-    backend: KubernetesBackend, double: KubeDouble, fault_row: FaultRow
-) -> None:
+@pytest.mark.usefixtures("connections")
+@pytest.mark.parametrize("mode", ["waiting", "deferrable"])
+def test_root_pods_are_refused_in_a_restricted_namespace(double: KubeDouble, fault_row: FaultRow, mode: str) -> None:
+    """The task as Airflow runs it: the refusal comes at create, before either mode waits."""
     double.label_namespace(NAMESPACE, RESTRICTED)
-    plan = make_plan(workers=2, pod={"namespace": NAMESPACE})
+    job = {**make_plan().spec.to_dict(), "pod": {"namespace": NAMESPACE}}
+    operator = MPIJobOperator(task_id="train", job=job, mpi_conn_id="mpi_k8s", deferrable=mode == "deferrable")
+    ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=unique("run"), map_index=-1, try_number=1)
     started = time.monotonic()
     with pytest.raises(LaunchError) as caught:
-        run(backend, plan)
+        operator.execute({"ti": ti, "task_state_store": None})  # type: ignore[arg-type]
     seconds = time.monotonic() - started
     message = str(caught.value)
-    assert re.search(rf'pods "{plan.job_name}-worker-\d" is forbidden: {re.escape(ROOT_DENIAL)}', message), message
-    assert "403" in message
+    assert re.search(rf'pods "kjob-[0-9a-f]{{8}}-worker-\d" is forbidden: {re.escape(ROOT_DENIAL)}', message), message
+    assert "403 Forbidden" in message
     assert message.endswith(
         "; the namespace enforces the Pod Security Standards and the pods run as root: run the job without root "
         "(pod.run_as_user, ssh_port 1024 or above, an image with that user; docs/contract.md#jobs-without-root)"
     )
     assert double.request_count("POST", f"/namespaces/{NAMESPACE}/pods") >= 1
-    assert not [m for m, p in double.requests if m == "POST" and p.endswith("/pods") and "master" in p]
+    posted_pods = [b["metadata"]["name"] for b in double.created if b.get("kind") == "Pod"]
+    assert posted_pods and not [name for name in posted_pods if "-master-" in name]  # nothing after the refusal
     left = left_in(double, NAMESPACE)
     assert left == []
-    fault_row(
-        "root pods in a namespace enforcing restricted", "kubernetes", "waiting", "failed", seconds, message, left
-    )
+    fault_row("root pods in a namespace enforcing restricted", "kubernetes", mode, "failed", seconds, message, left)
 
 
 def test_a_non_root_job_runs_end_to_end_in_a_restricted_namespace(
