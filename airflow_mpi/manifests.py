@@ -155,7 +155,6 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> 
     mounts = [
         {"name": VOLUME_CONFIG, "mountPath": paths.config_dir, "readOnly": True},
         {"name": VOLUME_SSH, "mountPath": paths.ssh_secret_dir, "readOnly": True},
-        {"name": VOLUME_RUNTIME, "mountPath": paths.runtime_dir},
     ]
     volumes: list[Manifest] = [
         {"name": VOLUME_CONFIG, "configMap": {"name": config_map_name(plan.job_name), "defaultMode": 0o755}},
@@ -164,8 +163,12 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> 
             # Only this pod's own host key, never the other pods' (items).
             "secret": {"secretName": secret_name(plan.job_name), "defaultMode": 0o400, "items": ssh_items},
         },
-        {"name": VOLUME_RUNTIME, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
     ]
+    if spec.pod.run_as is None:
+        mounts.append({"name": VOLUME_RUNTIME, "mountPath": paths.runtime_dir})
+        volumes.append({"name": VOLUME_RUNTIME, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+    # Without root the runtime directory is the image's, owned by the job's user: an emptyDir is
+    # writable by everyone, and sshd (StrictModes) refuses authorized_keys under such a directory.
     if spec.pod.shm_size:
         mounts.append({"name": VOLUME_SHM, "mountPath": "/dev/shm"})
         volumes.append({"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.pod.shm_size}})
@@ -187,6 +190,8 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> 
     }
     if spec.pod.image_pull_policy:
         container["imagePullPolicy"] = spec.pod.image_pull_policy
+    if spec.pod.run_as is not None:
+        container["securityContext"] = render_container_security_context(spec.pod.run_as)
     if pod.role.value == "worker":
         # Ready once sshd listens; the master's launch script then checks a real ssh login.
         container["readinessProbe"] = {
@@ -210,6 +215,8 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> 
         "containers": [container],
         "volumes": volumes,
     }
+    if spec.pod.run_as is not None:
+        pod_spec["securityContext"] = render_pod_security_context(spec.pod.run_as)
     if spec.pod.service_account:
         pod_spec["serviceAccountName"] = spec.pod.service_account
     else:
@@ -227,6 +234,35 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> 
         "kind": "Pod",
         "metadata": _metadata(plan, pod.name, namespace, owner, pod.labels),
         "spec": pod_spec,
+    }
+
+
+def render_pod_security_context(run_as: tuple[int, int]) -> Manifest:
+    """A job without root: the pod-level fields of the Pod Security Standards' "restricted"
+    profile (docs/contract.md#jobs-without-root)."""
+    uid, gid = run_as
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        # The kubelet makes the ssh Secret's files group-readable by this group (0440): the
+        # launch script, running as the job's user, can then copy them to its own 0600 files.
+        "fsGroup": gid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def render_container_security_context(run_as: tuple[int, int]) -> Manifest:
+    """Every container of a job without root: the restricted profile's container fields, and the
+    user, group and seccomp profile again, for policy engines that look at containers only."""
+    uid, gid = run_as
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 

@@ -58,7 +58,8 @@ class JobPlan:
 
     def ssh_files(self) -> dict[str, str]:
         """Files shared by every pod's ssh directory (private keys included: keep out of logs)."""
-        return render_ssh_files(self.job_name, self.ssh, self.spec.ssh_port, self.paths)
+        as_root = self.spec.pod.run_as is None
+        return render_ssh_files(self.job_name, self.ssh, self.spec.ssh_port, self.paths, as_root=as_root)
 
     def ssh_files_for(self, pod_name: str) -> dict[str, str]:
         """One pod's ssh directory: the shared files plus its own host key only."""

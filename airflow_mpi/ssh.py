@@ -74,11 +74,18 @@ def render_known_hosts(job_name: str, host_keys: Mapping[str, KeyPair]) -> str:
     return "".join(lines)
 
 
-def render_ssh_config(port: int, paths: PodPaths = DEFAULT_PATHS, connect_timeout: int = 5) -> str:
-    """Client config for mpiexec (``plm_rsh_args -F``) and the launch script's host checks."""
+def render_ssh_config(
+    port: int, paths: PodPaths = DEFAULT_PATHS, connect_timeout: int = 5, *, as_root: bool = True
+) -> str:
+    """Client config for mpiexec (``plm_rsh_args -F``) and the launch script's host checks.
+
+    Without root there is no ``User`` line: ssh then logs in as the user it runs as, which is the
+    user every pod's sshd runs as (one uid for the whole job), and a non-root sshd can let in no
+    other user."""
+    user = "  User root\n" if as_root else ""
     return (
         "Host *\n"
-        "  User root\n"
+        f"{user}"
         f"  Port {port}\n"
         f"  IdentityFile {paths.client_key}\n"
         "  IdentitiesOnly yes\n"
@@ -96,14 +103,18 @@ def render_ssh_config(port: int, paths: PodPaths = DEFAULT_PATHS, connect_timeou
     )
 
 
-def render_sshd_config(port: int, paths: PodPaths = DEFAULT_PATHS) -> str:
-    """Key-only root login with the job key; StrictModes stays on (our files are 0600 under 0700)."""
+def render_sshd_config(port: int, paths: PodPaths = DEFAULT_PATHS, *, as_root: bool = True) -> str:
+    """Key-only login with the job key; StrictModes stays on (our files are 0600 under 0700).
+
+    As root: root logs in. Without root, sshd runs as the job's user and lets in only that user;
+    it needs no privilege separation directory (only a root sshd chroots its pre-auth child), and
+    its host key, pid file and authorized_keys all live in that user's own runtime directory."""
     return (
         f"Port {port}\n"
         f"HostKey {paths.host_key}\n"
         f"PidFile {paths.sshd_pid_file}\n"
         f"AuthorizedKeysFile {paths.authorized_keys}\n"
-        "PermitRootLogin prohibit-password\n"
+        f"PermitRootLogin {'prohibit-password' if as_root else 'no'}\n"
         "PubkeyAuthentication yes\n"
         "PasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\n"
@@ -123,7 +134,7 @@ def render_sshd_config(port: int, paths: PodPaths = DEFAULT_PATHS) -> str:
 
 
 def render_ssh_files(
-    job_name: str, material: SshMaterial, port: int, paths: PodPaths = DEFAULT_PATHS
+    job_name: str, material: SshMaterial, port: int, paths: PodPaths = DEFAULT_PATHS, *, as_root: bool = True
 ) -> dict[str, str]:
     """The files every pod gets (without host keys), by file name."""
     return {
@@ -131,17 +142,17 @@ def render_ssh_files(
         contract.SSH_CLIENT_PUB: material.client.public_openssh + "\n",
         contract.SSH_AUTHORIZED_KEYS: material.authorized_keys,
         contract.SSH_KNOWN_HOSTS: render_known_hosts(job_name, material.host_keys),
-        contract.SSH_CONFIG: render_ssh_config(port, paths),
-        contract.SSH_SSHD_CONFIG: render_sshd_config(port, paths),
+        contract.SSH_CONFIG: render_ssh_config(port, paths, as_root=as_root),
+        contract.SSH_SSHD_CONFIG: render_sshd_config(port, paths, as_root=as_root),
     }
 
 
 def build_ssh_probe_argv(
-    host: str, port: int, client_key: str, known_hosts: str, connect_timeout: int = 3
+    host: str, port: int, client_key: str, known_hosts: str, connect_timeout: int = 3, user: str = "root"
 ) -> list[str]:
-    """An ssh login with the job key and pinned host keys, configured on the command line (no
-    config file), for probing from outside a pod. Run it with stdin closed: the sftp session ends
-    at once."""
+    """An ssh login as ``user`` with the job key and pinned host keys, configured on the command
+    line (no config file), for probing from outside a pod. Run it with stdin closed: the sftp
+    session ends at once."""
     return [
         "ssh",
         "-F",
@@ -171,7 +182,7 @@ def build_ssh_probe_argv(
         "-p",
         str(port),
         "-l",
-        "root",
+        user,
         "-s",
         host,
         "sftp",  # an authenticated session, no shell: see render_sshd_config

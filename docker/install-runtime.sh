@@ -7,6 +7,7 @@
 #   install-runtime.sh --system            apt packages + directories (root, Debian/Ubuntu)
 #   install-runtime.sh --python PY [-c C]  the runtime Python packages into interpreter PY
 #   install-runtime.sh --image             --system plus the image-only sshd_config drop-in
+#   install-runtime.sh --user NAME UID     the non-root user for jobs with pod.run_as_user
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,6 +44,20 @@ CONF
   install -m 0755 "$here/../airflow_mpi/scripts/launch.sh" /usr/local/bin/airflow-mpi-launch
 }
 
+install_user() {
+  # Jobs with pod.run_as_user: ssh and sshd need the uid's name, home and shell, and sshd's
+  # StrictModes needs the runtime directory to be the user's own (docs/contract.md#jobs-without-root).
+  local name="$1" uid="$2" group
+  if ! group=$(getent group "$uid" | cut -d: -f1) || [[ -z "$group" ]]; then
+    groupadd --gid "$uid" "$name"
+    group="$name"
+  fi
+  if ! getent passwd "$uid" >/dev/null; then
+    useradd --uid "$uid" --gid "$group" --create-home --shell /bin/bash "$name"
+  fi
+  install -d -o "$uid" -g "$group" -m 0755 /run/airflow-mpi
+}
+
 install_python() {
   local python="$1" constraints="${2:-}"
   local args=(-r "$here/requirements-runtime.txt")
@@ -59,17 +74,20 @@ python=""
 constraints=""
 system=0
 image=0
+user=()
 while (($#)); do
   case "$1" in
     --system) system=1 ;;
     --image) system=1 image=1 ;;
     --python) python="$2"; shift ;;
     -c) constraints="$2"; shift ;;
-    *) echo "usage: $0 [--system|--image] [--python PY [-c constraints.txt]]" >&2; exit 2 ;;
+    --user) user=("$2" "$3"); shift 2 ;;
+    *) echo "usage: $0 [--system|--image] [--user NAME UID] [--python PY [-c constraints.txt]]" >&2; exit 2 ;;
   esac
   shift
 done
 ((system)) && install_system
 ((image)) && install_image_config
+((${#user[@]})) && install_user "${user[@]}"
 [[ -n "$python" ]] && install_python "$python" "$constraints"
 exit 0

@@ -116,9 +116,21 @@ def translate(error: BaseException, doing: str, *, creating: bool = False) -> Ba
     """The product's error for a failed request (``raise translate(e, ...) from e``):
     ``LaunchError`` for a create, ``JobNotFound`` for a 404, else ``BackendRequestFailed``.
     ``doing`` says what was asked, e.g. ``"reading pod job-1-master-0"``."""
-    message = f"{doing} failed: {describe(error)}"
+    reason = describe(error)
+    message = f"{doing} failed: {reason}{_fix(reason)}"
     if creating:
         return LaunchError(message)
     if api_status(error) == NOT_FOUND:
         return JobNotFound(message)
     return BackendRequestFailed(message)
+
+
+def _fix(reason: str) -> str:
+    """The fix for a refusal whose cause the API server's words name but do not solve."""
+    if "violates PodSecurity" in reason:
+        return (
+            "; the namespace enforces the Pod Security Standards and the pods run as root: run the job without "
+            "root (pod.run_as_user, ssh_port 1024 or above, an image with that user; "
+            "docs/contract.md#jobs-without-root)"
+        )
+    return ""

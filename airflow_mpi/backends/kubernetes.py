@@ -38,7 +38,13 @@ from airflow_mpi.backends.k8s_errors import (
 )
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.logstream import LineSplitter, LogCursor, split_timestamped
-from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owner_reference
+from airflow_mpi.manifests import (
+    PLACEHOLDER_UID,
+    config_map_name,
+    render_manifests,
+    render_owner_reference,
+    secret_name,
+)
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe, probes_from_states
@@ -167,6 +173,14 @@ class KubernetesBackend:
                         pass  # keep none of the (large) responses
         except BaseException:
             self.teardown(plan.job_name)
+            # A refused pod (e.g. by PodSecurity admission) leaves no pod for teardown to wait on:
+            # delete the Secret and ConfigMap now rather than at the garbage collector's pace.
+            for delete, name in (
+                (self.core.delete_namespaced_secret, secret_name(plan.job_name)),
+                (self.core.delete_namespaced_config_map, config_map_name(plan.job_name)),
+            ):
+                with contextlib.suppress(Exception):
+                    delete(name, namespace, _preload_content=False)
             raise
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> _Job:

@@ -4,7 +4,9 @@ One sandbox (``backends.sandbox``) per job: its own bridge and /24, one namespac
 tree per pod with the pod's files at the pod paths (``/etc/mpi``, the ssh Secret directory), a
 private ``/tmp`` (Open MPI's session directory: daemons sharing one crashed intermittently),
 private ``/run/airflow-mpi`` and ``/run/sshd``, and ``/etc/hosts`` naming every ``<pod>.<job>``.
-Every pod runs the same launch script with the same env as on Kubernetes.
+Every pod runs the same launch script with the same env as on Kubernetes. A job with
+``pod.run_as_user`` runs every pod as that user of this machine, without capabilities, its ssh
+files and runtime directory owned by it (what the image and ``fsGroup`` give it on Kubernetes).
 
 State lives in ``<state_dir>/<job>/``; the next job to start sweeps what a crashed owner left.
 Several jobs at once get separate names, bridges and subnets.
@@ -13,6 +15,7 @@ Several jobs at once get separate names, bridges and subnets.
 from __future__ import annotations
 
 import os
+import pwd
 import select
 import shutil
 import signal
@@ -60,7 +63,8 @@ def pod_mounts(plan: JobPlan, job_dir: Path, pod: str) -> list[Mount]:
     paths = plan.paths
     mounts = [
         Mount("/tmp", tmpfs_size="50%", tmpfs_mode="1777"),
-        Mount(paths.runtime_dir, tmpfs_size="16m"),
+        # Owned by the job's user when it runs without root, as the image's directory is.
+        Mount(paths.runtime_dir, tmpfs_size="16m", tmpfs_owner=plan.spec.pod.run_as),
         Mount("/run/sshd", tmpfs_size="1m"),
         Mount(paths.config_dir, source=str(job_dir / "config"), read_only=True),
         Mount(paths.ssh_secret_dir, source=str(job_dir / "pods" / pod / "ssh"), read_only=True),
@@ -99,7 +103,8 @@ class LocalBackend:
         self._check_supported(plan)
         sandboxes.sweep(self.state_dir, keep=list(self._sandboxes))
         self.teardown(plan.job_name)  # an earlier attempt of this very job
-        sandbox = Sandbox.create(self.state_dir, plan.job_name, meta={"ssh_port": plan.spec.ssh_port})
+        meta = {"ssh_port": plan.spec.ssh_port, "ssh_user": _user_name(plan)}
+        sandbox = Sandbox.create(self.state_dir, plan.job_name, meta=meta)
         self._sandboxes[plan.job_name] = sandbox
         self._plans[plan.job_name] = plan
         try:
@@ -142,6 +147,7 @@ class LocalBackend:
                         "share data from another directory, e.g. /var/tmp/...",
                     )
                 )
+        issues += _check_run_as(plan)
         if issues:
             raise SpecError(issues)
 
@@ -159,16 +165,23 @@ class LocalBackend:
                 fd = os.open(ssh_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
                 with os.fdopen(fd, "w") as handle:
                     handle.write(text)
+            owned = [ssh_dir, *ssh_dir.iterdir()]
             for volume in plan.spec.pod.volumes:
                 if volume.empty_dir:
-                    (sandbox.dir / "pods" / pod.name / "volumes" / volume.name).mkdir(parents=True)
+                    empty = sandbox.dir / "pods" / pod.name / "volumes" / volume.name
+                    empty.mkdir(parents=True)
+                    owned.append(empty)
+            run_as = plan.spec.pod.run_as
+            if run_as is not None:  # the user reads its keys and writes its emptyDirs, as on Kubernetes
+                for path in owned:
+                    os.chown(path, *run_as)
         # Mount points the image has (docker/install-runtime.sh makes them on the host too).
         mount_points = {m.target for p in plan.pods for m in pod_mounts(plan, sandbox.dir, p.name)}
         for target in mount_points:
             Path(target).mkdir(parents=True, exist_ok=True)
 
     def _start_pod(self, sandbox: Sandbox, plan: JobPlan, pod: str, *, pipe_output: bool) -> None:
-        env = {**self._base_env(), **plan.pod(pod).env}
+        env = {**self._base_env(plan), **plan.pod(pod).env}
         with (sandbox.dir / "logs" / f"{pod}.log").open("ab") as log:
             sandbox.start(
                 pod,
@@ -176,11 +189,17 @@ class LocalBackend:
                 env,
                 pod_mounts(plan, sandbox.dir, pod),
                 subprocess.PIPE if pipe_output else log,
+                user=plan.spec.pod.run_as,
             )
 
-    def _base_env(self) -> dict[str, str]:
-        """A container-like environment: not the Airflow worker's."""
-        return {"PATH": self.path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "USER": "root"}
+    def _base_env(self, plan: JobPlan) -> dict[str, str]:
+        """A container-like environment: not the Airflow worker's. HOME and USER are the pods' user's."""
+        env = {"PATH": self.path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "USER": "root"}
+        run_as = plan.spec.pod.run_as
+        if run_as is not None:
+            user = pwd.getpwuid(run_as[0])
+            env.update(HOME=user.pw_dir, USER=user.pw_name)
+        return env
 
     # --- readiness, master, output --------------------------------------------------------
 
@@ -201,6 +220,7 @@ class LocalBackend:
                 str(master_ssh / contract.SSH_CLIENT_KEY),
                 str(master_ssh / contract.SSH_KNOWN_HOSTS),
                 connect_timeout=2,
+                user=str(sandbox.meta.get("ssh_user", "root")),
             )
             # From the master's network namespace: its hosts file, its routes, like mpiexec.
             done = subprocess.run(
@@ -313,6 +333,42 @@ class LocalBackend:
         if sandbox is None:
             raise JobNotFound(f"no local job {job_name} (never created, or already torn down)")
         return sandbox
+
+
+def _user_name(plan: JobPlan) -> str:
+    """Who ssh logs in as: root, or the name of ``pod.run_as_user`` on this machine."""
+    run_as = plan.spec.pod.run_as
+    return "root" if run_as is None else pwd.getpwuid(run_as[0]).pw_name
+
+
+def _check_run_as(plan: JobPlan) -> list[SpecIssue]:
+    """The pods run this machine's files: a non-root uid needs a user here, as it needs one in an
+    image (ssh and sshd need its name, home and shell)."""
+    run_as = plan.spec.pod.run_as
+    if run_as is None:
+        return []
+    uid = run_as[0]
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return [
+            SpecIssue(
+                "pod.run_as_user",
+                f"uid {uid} has no user on this machine, and the local backend runs the pods here: ssh and sshd "
+                "need a user name, home and shell for it",
+                f"create one: useradd --uid {uid} --create-home --shell /bin/bash mpiuser",
+            )
+        ]
+    if user.pw_shell.endswith(("/nologin", "/false")):
+        return [
+            SpecIssue(
+                "pod.run_as_user",
+                f"the user {user.pw_name} (uid {uid}) has the shell {user.pw_shell}, so every command mpiexec "
+                "starts over ssh would be refused",
+                f"give it a shell: usermod --shell /bin/bash {user.pw_name}",
+            )
+        ]
+    return []
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:

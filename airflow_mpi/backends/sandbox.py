@@ -6,7 +6,10 @@ minus the image: the host's files seen through
  - a UTS namespace whose host name is the pod name,
  - a PID namespace: killing its first process ends everything in the pod,
  - a mount namespace with the pod's mounts (binds of host paths, private tmpfs),
- - ``/etc/hosts`` (``ip netns exec`` binds ``/etc/netns/<ns>/hosts``) naming the other pods.
+ - ``/etc/hosts`` (``ip netns exec`` binds ``/etc/netns/<ns>/hosts``) naming the other pods,
+ - optionally a non-root user: the pod's command runs as that uid/gid with no capabilities and
+   ``no_new_privs`` (what ``runAsUser``, ``capabilities: drop [ALL]`` and
+   ``allowPrivilegeEscalation: false`` give a container).
 
 Used by the local backend (one sandbox per job) and by the Kubernetes API double's kubelet
 (one sandbox for the whole double). Every sandbox is recorded in ``<state_dir>/<name>/
@@ -42,24 +45,32 @@ RECORD = "sandbox.json"
 MAX_PODS = 253  # one /24 per sandbox
 
 # PID 1 of every pod, after `ip netns exec` (network, hosts file) and `unshare` (uts, pid, mount).
-# Arguments only, never interpolated: the pod name, then "--tmpfs TARGET MODE SIZE" and
-# "--bind SOURCE TARGET ro|rw" groups in order, then "--" and the command.
+# Arguments only, never interpolated: the pod name, then "--tmpfs TARGET OPTIONS" and
+# "--bind SOURCE TARGET ro|rw" groups in order, optionally "--user UID GID", then "--" and the
+# command. With a user, the command runs as it with no capabilities (bounding set emptied) and
+# no_new_privs (setuid binaries cannot raise privileges): the mounts are made as root first.
 POD_INIT = r"""
 set -euo pipefail
 printf '%s' "$1" >/proc/sys/kernel/hostname
 shift
+user=()
 while (($#)); do
   case "$1" in
-    --tmpfs) mount -t tmpfs -o "mode=$3,size=$4" tmpfs "$2"; shift 4 ;;
+    --tmpfs) mount -t tmpfs -o "$3" tmpfs "$2"; shift 3 ;;
     --bind)
       mount --bind "$2" "$3"
       if [[ "$4" == ro ]]; then mount -o remount,bind,ro "$3"; fi
       shift 4 ;;
+    --user) user=("$2" "$3"); shift 3 ;;
     --) shift; break ;;
     *) echo "pod-init: bad argument $1" >&2; exit 2 ;;
   esac
 done
 cd /
+if ((${#user[@]})); then
+  exec setpriv --reuid "${user[0]}" --regid "${user[1]}" --init-groups --no-new-privs \
+    --inh-caps=-all --bounding-set=-all -- "$@"
+fi
 exec "$@"
 """
 
@@ -73,10 +84,14 @@ class Mount:
     read_only: bool = False
     tmpfs_size: str = "64m"
     tmpfs_mode: str = "0755"
+    tmpfs_owner: tuple[int, int] | None = None  # (uid, gid) of the tmpfs's root; default root
 
     def pod_init_args(self) -> list[str]:
         if self.source is None:
-            return ["--tmpfs", self.target, self.tmpfs_mode, self.tmpfs_size]
+            options = f"mode={self.tmpfs_mode},size={self.tmpfs_size}"
+            if self.tmpfs_owner is not None:
+                options += f",uid={self.tmpfs_owner[0]},gid={self.tmpfs_owner[1]}"
+            return ["--tmpfs", self.target, options]
         return ["--bind", self.source, self.target, "ro" if self.read_only else "rw"]
 
 
@@ -252,9 +267,12 @@ class Sandbox:
         env: dict[str, str],
         mounts: Sequence[Mount],
         stdout: IO[bytes] | int,
+        user: tuple[int, int] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start the pod's first process: ``argv`` with exactly ``env``, behind ``mounts``."""
+        """Start the pod's first process: ``argv`` with exactly ``env``, behind ``mounts``, as
+        ``user`` (uid, gid) without capabilities, or as root."""
         pod = self.pods[name]
+        as_user = ["--user", str(user[0]), str(user[1])] if user is not None else []
         command = [
             "ip", "netns", "exec", pod.netns,
             # The pod dies with this process, even SIGKILLed (then unshare's --kill-child).
@@ -262,6 +280,7 @@ class Sandbox:
             "unshare", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
             "bash", "-c", POD_INIT, "pod-init", name,
             *(arg for mount in mounts for arg in mount.pod_init_args()),
+            *as_user,
             "--", *argv,
         ]  # fmt: skip
         proc = subprocess.Popen(

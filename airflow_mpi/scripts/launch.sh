@@ -50,7 +50,9 @@ run_worker() {
     printf 'exec %q -D -e -f %q\n' "$SSHD" "$SSH_DIR/sshd_config"
     return 0
   fi
-  log "Starting MPI worker ${GJ_TRAINING_POD_NAME}: sshd on port ${AIRFLOW_MPI_SSH_PORT:-22}"
+  local who=""
+  ((EUID == 0)) || who=" as $(id -un 2>/dev/null || echo "uid $EUID") (uid $EUID)"
+  log "Starting MPI worker ${GJ_TRAINING_POD_NAME}: sshd on port ${AIRFLOW_MPI_SSH_PORT:-22}${who}"
   install_ssh
   exec "$SSHD" -D -e -f "$SSH_DIR/sshd_config"
 }
@@ -60,19 +62,47 @@ install_ssh() {
   # read, and Secret volumes hold symlinks whose modes follow the volume's defaultMode.
   local file
   umask 077
-  mkdir -p "$RUNTIME_DIR" "$SSH_DIR"
-  chmod 0755 "$RUNTIME_DIR"
+  if ((EUID == 0)); then
+    mkdir -p "$RUNTIME_DIR"
+    chmod 0755 "$RUNTIME_DIR"
+  else
+    require_non_root_setup
+  fi
+  mkdir -p "$SSH_DIR"
   chmod 0700 "$SSH_DIR"
   for file in "${SSH_FILES[@]}"; do
     [[ -r "$SECRET_DIR/$file" ]] || die "missing $SECRET_DIR/$file: the job's ssh Secret is not mounted"
     cat "$SECRET_DIR/$file" >"$SSH_DIR/$file"
     chmod 0600 "$SSH_DIR/$file"
   done
-  # sshd exits with "Missing privilege separation directory: /run/sshd" without it
-  # (docs/contract.md#sshd-missing-privilege-separation-directory)
-  mkdir -p /run/sshd
-  chmod 0755 /run/sshd
+  if ((EUID == 0)); then
+    # sshd exits with "Missing privilege separation directory: /run/sshd" without it
+    # (docs/contract.md#sshd-missing-privilege-separation-directory). Only a root sshd needs it:
+    # it chroots its pre-auth child there; a non-root sshd has no privileges to separate.
+    mkdir -p /run/sshd
+    chmod 0755 /run/sshd
+  fi
   umask 022
+}
+
+require_non_root_setup() { # what sshd and ssh need from the image to run as this uid
+  local uid="$EUID" shell fix
+  fix="docs/contract.md#jobs-without-root; docker/Dockerfile builds such an image"
+  id -un >/dev/null 2>&1 ||
+    die "uid $uid has no entry in the image's /etc/passwd; ssh and sshd need a user name, home and shell for it: add the user to the image, e.g. 'useradd --uid $uid --create-home --shell /bin/bash mpiuser' ($fix)"
+  shell=$(getent passwd "$uid" | cut -d: -f7)
+  case "$shell" in
+    */nologin | */false)
+      die "the user of uid $uid has the shell $shell, so every command mpiexec starts over ssh would be refused: give it /bin/bash in the image ($fix)" ;;
+  esac
+  # sshd (StrictModes) takes authorized_keys only under directories that no one but the user (or
+  # root) can write; a world-writable volume such as an emptyDir fails that.
+  if [[ ! -d "$RUNTIME_DIR" ]] && ! mkdir -p "$RUNTIME_DIR" 2>/dev/null; then
+    die "$RUNTIME_DIR is missing and uid $uid cannot create it: the image must provide it owned by that user, e.g. 'install -d -o $uid -g $(id -g) -m 0755 $RUNTIME_DIR' ($fix)"
+  fi
+  [[ -O "$RUNTIME_DIR" ]] ||
+    die "$RUNTIME_DIR belongs to uid:gid $(stat -c '%u:%g' "$RUNTIME_DIR") (mode $(stat -c '%a' "$RUNTIME_DIR")), not to uid $uid, so sshd would refuse the job key (StrictModes): the image must provide it owned by that user, e.g. 'install -d -o $uid -g $(id -g) -m 0755 $RUNTIME_DIR' ($fix)"
+  chmod 0755 "$RUNTIME_DIR"
 }
 
 # --- master: hosts and NP (docs/contract.md#host-and-np) -------------------------------------

@@ -1,8 +1,8 @@
 """The MPI job spec: frozen, typed, loadable from a dict (YAML/JSON), validated in full before I/O.
 
 ``types`` holds the dataclasses, ``parsing`` turns plain data into them, ``validation`` (with
-``mpi_validation`` and ``pod_validation``) holds the rules, ``quantities`` and ``formats`` the
-Kubernetes formats, ``slots`` the slot plan. Import the public names from here.
+``mpi_validation``, ``pod_validation`` and ``run_as_validation``) holds the rules, ``quantities``
+and ``formats`` the Kubernetes formats, ``slots`` the slot plan. Import the public names from here.
 """
 
 from __future__ import annotations

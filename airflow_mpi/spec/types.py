@@ -137,6 +137,18 @@ class PodSettings:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     shm_size: str | None = None  # size of a memory-backed /dev/shm, e.g. "2Gi" (NCCL, DataLoader)
+    # Jobs without root (docs/contract.md#jobs-without-root): sshd and every rank run as this uid,
+    # with the securityContext the Pod Security Standards' "restricted" profile asks for.
+    run_as_user: int | None = None  # None: the image's user (root)
+    run_as_group: int | None = None  # default: the same number as run_as_user
+
+    @property
+    def run_as(self) -> tuple[int, int] | None:
+        """``(uid, gid)`` every pod's processes run as, or ``None``: the image's user (root)."""
+        if self.run_as_user is None:
+            return None
+        group = self.run_as_group if self.run_as_group is not None else self.run_as_user
+        return self.run_as_user, group
 
 
 @dataclass(frozen=True)

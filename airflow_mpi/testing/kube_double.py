@@ -18,6 +18,10 @@ gets its 400 ``BadRequest``.
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
 ``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
 
+Admission: a namespace labelled ``pod-security.kubernetes.io/enforce`` (``label_namespace``)
+refuses pods its Pod Security Standards level forbids, with the real 403 and message
+(``airflow_mpi.testing.podsecurity``).
+
 Fault knobs: ``fail_requests`` (e.g. 500 on the N-th create), ``drop_log_streams`` (cut a log
 stream after K lines), ``expire_watches`` (410), ``clock_offset`` (the node's clock against
 this machine's), and the scripted kubelet's per-pod faults (image pull error, unschedulable,
@@ -43,6 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
+from airflow_mpi.testing import podsecurity
 from airflow_mpi.testing.apivalidation import (
     KINDS,
     decode_error,
@@ -175,6 +180,7 @@ class KubeDouble:
         self.history: deque[tuple[int, str, str, Obj]] = deque(maxlen=HISTORY)
         self.requests: list[tuple[str, str]] = []
         self.created: list[Obj] = []  # every body POSTed, for schema checks
+        self.namespace_labels: dict[str, dict[str, str]] = {}  # e.g. the PodSecurity enforce level
         self._rv = 1000
         self._min_rv = 0  # watches from below this get 410 Gone
         self._lock = threading.RLock()
@@ -259,6 +265,11 @@ class KubeDouble:
             for _, _, q in self._watchers:
                 q.put("expired")
 
+    def label_namespace(self, namespace: str, labels: dict[str, str]) -> None:
+        """Set a namespace's labels, e.g. ``{"pod-security.kubernetes.io/enforce": "restricted"}``."""
+        with self._lock:
+            self.namespace_labels[namespace] = dict(labels)
+
     def request_count(self, method: str | None = None, path: str = "") -> int:
         return sum(1 for m, p in self.requests if (method is None or m == method) and path in p)
 
@@ -301,6 +312,10 @@ class KubeDouble:
             meta["name"] = generate_name(str(meta["generateName"]))
         name = str(meta.get("name") or "")
         self._validate(plural, name, body)
+        if plural == "pods":  # admission runs after validation, as in the API server
+            denial = podsecurity.admission_denial(name, body, self.namespace_labels.get(namespace, {}))
+            if denial:
+                raise ApiError(403, "Forbidden", denial)
         with self._lock:
             key = (plural, namespace, name)
             if key in self.objects:
@@ -435,7 +450,11 @@ class KubeDouble:
             obj["metadata"]["resourceVersion"] = self._next_rv()
             self._emit("MODIFIED", plural, obj)
             snapshot = copy.deepcopy(obj)
-        self._spawn(self._finish_delete, plural, namespace, name, propagation)
+        if plural != "pods" and propagation != "Foreground":
+            # No finalizer and no graceful shutdown: gone when DELETE answers, as in the API server.
+            self._finish_delete(plural, namespace, name, propagation)
+        else:
+            self._spawn(self._finish_delete, plural, namespace, name, propagation)
         return snapshot
 
     def _finish_delete(self, plural: str, namespace: str, name: str, propagation: str) -> None:
