@@ -80,7 +80,7 @@ def first_try_dies(double: KubeDouble, run_id: str, store: Path, until: Any, map
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # the child imports Airflow: seconds, or a minute on a loaded machine
     while not until() and time.monotonic() < deadline:
         assert child.poll() is None, "the first try ended by itself"
         time.sleep(0.02)
