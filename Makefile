@@ -56,10 +56,11 @@ unit: $(STAMP) ## the pure core's tests only (seconds)
 test: setup lint ## everything: lint, unit, integration (real sshd + Open MPI), DAGs under Airflow
 	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-faults: setup ## the fault tests, then one table: fault, backend, mode, state, seconds, message, left
+faults: setup ## the fault tests, then one table (FAULTS_README=1: into the README too)
 	@rows=$$(mktemp); AIRFLOW_MPI_FAULT_ROWS=$$rows AIRFLOW_MPI_REQUIRE_INTEGRATION=1 \
 		$(BIN)/pytest -q -p no:cacheprovider -m fault $(PYTEST_ARGS); rc=$$?; \
-	$(PY) -m tests.faults $$rows; trc=$$?; rm -f $$rows; exit $$((rc || trc))
+	$(PY) -m tests.faults $$rows $(if $(FAULTS_README),--readme README.md); trc=$$?; rm -f $$rows; \
+	exit $$((rc || trc))
 
 bench: setup ## benchmarks: print figures (not timed tests)
 	$(PY) bench/launch_overhead.py

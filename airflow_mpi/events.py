@@ -13,10 +13,11 @@ WAIT_FINISHED: Final = "finished"  # until the master ends
 # How a wait ends badly.
 STATUS_FAILED: Final = "failed"  # a pod failed (the job's state machine says which)
 STATUS_TIMEOUT: Final = "timeout"  # the wait's deadline passed
+STATUS_ERROR: Final = "error"  # the API refused the watch, or did not answer for the bound
 
 
 class _Status(TypedDict):
-    status: str  # WAIT_READY, WAIT_FINISHED, STATUS_FAILED or STATUS_TIMEOUT
+    status: str  # WAIT_READY, WAIT_FINISHED, STATUS_FAILED, STATUS_TIMEOUT or STATUS_ERROR
 
 
 class Outcome(_Status, total=False):
@@ -25,6 +26,7 @@ class Outcome(_Status, total=False):
     pod: str | None  # the failed pod (STATUS_FAILED)
     exit_code: int | None  # its exit code, when it has one
     reason: str  # the failure's cause, or why the wait timed out (one line per host not ready)
+    unreachable: bool  # STATUS_ERROR: the API did not answer (else it refused)
 
 
 class JobEvent(Outcome):

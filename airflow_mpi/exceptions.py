@@ -57,6 +57,11 @@ class BackendRequestFailed(BackendError):
     """Reading, listing, deleting or following something of a job failed (not a create)."""
 
 
+class BackendUnreachable(BackendError):
+    """The place that runs the pods did not answer (refused, silent, or only errors) for longer
+    than the bound a wait allows; the job's pods may still run there."""
+
+
 class JobNotFound(BackendError):
     """No job of this name where the backend looks (never created, or already deleted)."""
 

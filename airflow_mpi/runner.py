@@ -8,6 +8,7 @@ here, for the synchronous flow and for a deferred operator's trigger events alik
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -18,8 +19,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_mpi.backends.base import Backend, ReattachableBackend
-from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
-from airflow_mpi.exceptions import JobFailed, JobTimeout, MPIJobError, SshdNotReady
+from airflow_mpi.events import STATUS_ERROR, STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
+from airflow_mpi.exceptions import (
+    BackendRequestFailed,
+    BackendUnreachable,
+    JobFailed,
+    JobTimeout,
+    MPIJobError,
+    SshdNotReady,
+)
 from airflow_mpi.logstream import TAIL_LINES, OutputTracker, build_log_records, build_rank_pods, format_tail
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
@@ -144,20 +152,32 @@ class JobRunner:
                 self.create()
                 self.wait_ready()
                 self.start_master()
-            return self.finish()
-        finally:
-            self.teardown()
+            result = self.finish()
+        except BaseException as error:
+            self.teardown(error)
+            raise
+        self.teardown()
+        return result
 
-    def teardown(self) -> list[str]:
-        """Delete the job's pods and objects (once, from whichever path gets here first)."""
+    def teardown(self, error: BaseException | None = None) -> list[str]:
+        """Delete the job's pods and objects (once, from whichever path gets here first). Never
+        raises: what could not be deleted (or checked) is returned, logged, and noted on the
+        ``error`` that ends the task, if any, so the cause stays the task's error."""
         with self._teardown_lock:
             if self._torn_down:
                 return []
             self._torn_down = True
-            self.backend.teardown(self.job_name)
-            left = self.backend.leftovers(self.job_name)
+            try:
+                self.backend.teardown(self.job_name)
+                left = self.backend.leftovers(self.job_name)
+            except Exception as failure:  # bounded by the backend; the job may still be there
+                with contextlib.suppress(Exception):
+                    self.backend.release(self.job_name)
+                left = [f"job {self.job_name} (could not be deleted: {failure})"]
             if left:
                 log.error("teardown of %s left: %s", self.job_name, "; ".join(left))
+                if error is not None:
+                    error.add_note(f"teardown of MPI job {self.job_name} left: {'; '.join(left)}")
             return left
 
     def _mark(self, phase: str) -> None:
@@ -261,6 +281,9 @@ class JobRunner:
         """The error a deferred wait's event stands for, as the synchronous flow raises it; None
         when the job goes on (workers ready) or the master's own end decides (``finish``)."""
         status, wait_for = event["status"], event["wait_for"]
+        if status == STATUS_ERROR:
+            cause = BackendUnreachable if event.get("unreachable") else BackendRequestFailed
+            return cause(event.get("reason", ""))
         if status == STATUS_TIMEOUT and wait_for == WAIT_READY:
             return SshdNotReady(event.get("reason", ""))
         if status == STATUS_TIMEOUT:

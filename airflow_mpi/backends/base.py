@@ -89,3 +89,4 @@ class DeferrableBackend(ReattachableBackend, Protocol):
     watches the pods through this Airflow connection."""
 
     kubernetes_conn_id: str
+    api_timeout: float  # seconds the trigger may go without an answer from the API

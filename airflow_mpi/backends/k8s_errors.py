@@ -1,5 +1,7 @@
 """Kubernetes client errors, translated once: their HTTP status, whether a retry can help, how
-long the server asked to wait, a readable reason, and the product's error to raise.
+long the server asked to wait, what the user must change (an RBAC verb, a namespace, the
+credentials), and the product's error to raise; and ``ApiSilence``, the bound on how long any wait
+keeps retrying an API that does not answer.
 
 Both clients (``kubernetes`` in the backend and its pod watch, ``kubernetes_asyncio`` in the
 trigger) raise an ``ApiException`` with the status, the headers and a ``Status`` body; below
@@ -12,20 +14,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from airflow_mpi.exceptions import BackendError, BackendRequestFailed, JobNotFound, LaunchError
+from airflow_mpi.exceptions import BackendError, BackendRequestFailed, BackendUnreachable, JobNotFound, LaunchError
 
 BAD_REQUEST = 400
+UNAUTHORIZED = 401
+FORBIDDEN = 403
 NOT_FOUND = 404
 CONFLICT = 409
 GONE = 410  # a watch's resourceVersion is too old: list again
+INVALID = 422
 TOO_MANY_REQUESTS = 429
 MAX_RETRY_AFTER = 10.0  # seconds: a longer Retry-After is cut, the caller's own bound applies
+API_TIMEOUT = 120.0  # seconds the API may stay silent before a wait gives up (connection extra api_timeout)
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection to the API server
+RBAC_DOC = "README.md#rbac"  # the Role that grants every verb the backend uses
+SETUP_DOC = "README.md#on-kubernetes"
 
 # (module, class) of the errors that carry an HTTP status ...
 _STATUS_ERRORS = (
@@ -104,21 +115,98 @@ def retry_delay(error: BaseException, attempt: int) -> float:
 def describe(error: BaseException) -> str:
     """The API server's own words (``<code> <reason>: <message>`` of its Status body), else the
     error's type and text."""
-    body: Any = getattr(error, "body", None)
+    body = _status_body(error)
     if body:
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            status = json.loads(body)
-            return f"{status.get('code', '')} {status.get('reason', '')}: {status.get('message', '')}".strip()
+        return f"{body.get('code', '')} {body.get('reason', '')}: {body.get('message', '')}".strip()
     return f"{type(error).__name__}: {error}"
 
 
-def translate(error: BaseException, doing: str, *, creating: bool = False) -> BackendError:
-    """The product's error for a failed request (``raise translate(e, ...) from e``):
-    ``LaunchError`` for a create, ``JobNotFound`` for a 404, else ``BackendRequestFailed``.
-    ``doing`` says what was asked, e.g. ``"reading pod job-1-master-0"``."""
-    reason = describe(error)
-    message = f"{doing} failed: {reason}{_fix(reason)}"
-    if creating:
+def _status_body(error: BaseException) -> dict[str, Any]:
+    """The ``Status`` object the API server sent with an error answer; {} when there is none."""
+    body: Any = getattr(error, "body", None)
+    if body:
+        with contextlib.suppress(ValueError, TypeError):
+            status = json.loads(body)
+            if isinstance(status, dict):
+                return status
+    return {}
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One request as RBAC names it: the verb (create, get, list, watch, delete), the resource
+    (``pods``, ``pods/log``, ``services`` ...), the namespace and, for one object, its name."""
+
+    verb: str
+    resource: str
+    namespace: str
+    name: str = ""
+
+    @property
+    def doing(self) -> str:
+        """What was asked, in words: ``listing pods in namespace ns``."""
+        if self.resource == "pods/log":
+            return f"reading the log of pod {self.name} in namespace {self.namespace}"
+        verb = {"create": "creating", "get": "reading", "list": "listing", "watch": "watching", "delete": "deleting"}
+        what = f"{self.resource.removesuffix('s')} {self.name}" if self.name else self.resource
+        return f"{verb.get(self.verb, self.verb)} {what} in namespace {self.namespace}"
+
+
+def _identity(server_message: str) -> str:
+    """Who the API server says asked (``User "..."`` of a 403), in words."""
+    found = re.search(r'User "([^"]+)"', server_message)
+    user = found.group(1) if found else ""
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        return f"the service account {parts[2]}/{parts[3]}"
+    if user == "system:anonymous":
+        return "an anonymous client (the connection sends no credentials)"
+    return f"the user {user}" if user else "the service account"
+
+
+def explain(error: BaseException, request: ApiRequest, api_url: str = "") -> str:
+    """The message a user can act on for a refused request: which RBAC verb on which resource
+    the Role lacks (403), credentials refused (401), a namespace that does not exist (404),
+    an object the API server rejects (422); else what was asked and the server's words."""
+    status = api_status(error)
+    body = _status_body(error)
+    said = str(body.get("message") or "")
+    where = f"the Kubernetes API at {api_url}" if api_url else "the Kubernetes API"
+    if status == UNAUTHORIZED:
+        return (
+            f"{where} refused the credentials (401 Unauthorized) while {request.doing}: the Kubernetes "
+            f"connection's token or client certificate is missing, wrong or expired; renew it (see {SETUP_DOC})"
+        )
+    if status == FORBIDDEN and "violates PodSecurity" in said:  # admission, not RBAC
+        return f"{request.doing} failed: {describe(error)}{_fix(said)}"
+    if status == FORBIDDEN:
+        return (
+            f"{_identity(said)} cannot `{request.verb}` `{request.resource}` in namespace {request.namespace} "
+            f"(403 Forbidden): add `{request.verb}` on `{request.resource}` to the Role bound to it; see {RBAC_DOC}"
+        )
+    details = body.get("details")
+    details = details if isinstance(details, dict) else {}
+    if status == NOT_FOUND and details.get("kind") == "namespaces":
+        return (
+            f"namespace {request.namespace} does not exist (404 NotFound while {request.doing}): create it "
+            f"(kubectl create namespace {request.namespace}), or set pod.namespace or the mpi connection's "
+            "namespace to one that exists"
+        )
+    if status == INVALID:
+        return (
+            f"the API server rejected {request.resource.removesuffix('s')} {request.name} as invalid (422 Invalid): "
+            f"{said or describe(error)}; the field it names comes from the job spec (`airflow-mpi render` shows "
+            "what is sent)"
+        )
+    return f"{request.doing} failed: {describe(error)}"
+
+
+def translate(error: BaseException, request: ApiRequest, api_url: str = "") -> BackendError:
+    """The product's error for a refused request (``raise translate(e, ...) from e``), with
+    ``explain``'s message: ``LaunchError`` for a create, ``JobNotFound`` for a 404, else
+    ``BackendRequestFailed``."""
+    message = explain(error, request, api_url)
+    if request.verb == "create":
         return LaunchError(message)
     if api_status(error) == NOT_FOUND:
         return JobNotFound(message)
@@ -134,3 +222,82 @@ def _fix(reason: str) -> str:
             "docs/contract.md#jobs-without-root)"
         )
     return ""
+
+
+def is_refusal(error: BaseException) -> bool:
+    """An answer that retrying cannot change (401, 403, 404, 422 ...): the wait ends now. 410
+    Gone is not one (list again), nor are 429/5xx and connection failures (retry, bounded)."""
+    status = api_status(error)
+    return status is not None and status != GONE and not is_transient(error)
+
+
+def _cause(error: BaseException | None) -> str:
+    """A failed request in a few words, for the unreachable message."""
+    if error is None:
+        return "no reply"
+    status = api_status(error)
+    if status is not None:
+        return describe(error)
+    text = f"{error!r} {error}".lower()
+    if "refused" in text:
+        return "connection refused"
+    if "timeout" in text or "timed out" in text or isinstance(error, TimeoutError):
+        return "no reply"
+    if "reset" in text or "disconnected" in text or "aborted" in text:
+        return "connection dropped"
+    return f"{type(error).__name__}: {error}"
+
+
+class ApiSilence:
+    """How long the API server has gone without a useful answer, shared by every request of a
+    client: a success (or a refusal, which is an answer too) resets it; 429/5xx answers and
+    connection failures do not. A wait that started at ``since`` gives up once the API has been
+    silent for ``limit`` seconds of it, whatever each request does (``request_timeout`` keeps
+    one hung request from outliving the bound)."""
+
+    def __init__(self, api_url: str, limit: float) -> None:
+        self.api_url = api_url
+        self.limit = limit
+        self.last_answer = time.monotonic()
+        self.last_error: BaseException | None = None
+
+    def answered(self) -> None:
+        self.last_answer = time.monotonic()
+        self.last_error = None
+
+    def failed(self, error: BaseException) -> None:
+        """A request failed: a refusal counts as an answer; anything else leaves the clock running."""
+        if is_refusal(error):
+            self.answered()
+        else:
+            self.last_error = error
+
+    def silent_for(self, since: float) -> float:
+        return time.monotonic() - max(self.last_answer, since)
+
+    def left(self, since: float) -> float:
+        return self.limit - self.silent_for(since)
+
+    def exceeded(self, since: float) -> bool:
+        return self.left(since) <= 0
+
+    def watch_seconds(self, longest: int) -> int:
+        """A watch's ``timeoutSeconds``: a quiet, healthy watch ends (an answer) within half the bound."""
+        return max(1, min(longest, int(self.limit / 2)))
+
+    def request_timeout(self, since: float, read: float | None = None) -> tuple[float, float]:
+        """(connect, read) seconds for the next request: never past the bound (at least 0.5 s)."""
+        left = max(0.5, self.left(since))
+        return min(CONNECT_TIMEOUT, left), min(read if read is not None else left, left)
+
+    def error(self, since: float) -> BackendUnreachable:
+        seconds = self.silent_for(since)
+        last = self.last_error
+        if last is not None and api_status(last) is not None:
+            what = f"answered only errors for {seconds:.0f} s (last: {describe(last)})"
+        else:
+            what = f"did not answer for {seconds:.0f} s ({_cause(last)})"
+        return BackendUnreachable(
+            f"the Kubernetes API at {self.api_url} {what}; the job's pods may still be running: check that "
+            f"the cluster is up and the connection's server address (see {SETUP_DOC})"
+        )

@@ -8,6 +8,10 @@ API use is event-driven: one watch over the job's pods (label selector) for read
 and the end, resumed from its resourceVersion, relisted on 410 Gone; one followed log stream for
 the master, resumed after a drop from the last line's own timestamp (``LogCursor``), so no line
 is shown twice or lost whatever the clock skew. A job costs N + 10 API requests for N workers.
+
+Every wait ends: each request carries a read timeout, 429/5xx and connection failures are retried
+only until the API has been silent for ``api_timeout`` seconds (``ApiSilence``), and a refusal
+(401, 403, 404, 422) ends the wait at once with what to change (``k8s_errors.explain``).
 """
 
 from __future__ import annotations
@@ -27,16 +31,20 @@ from typing import Any
 from airflow_mpi import contract
 from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.backends.k8s_errors import (
+    API_TIMEOUT,
     BAD_REQUEST,
     CONFLICT,
     GONE,
     NOT_FOUND,
+    ApiRequest,
+    ApiSilence,
     api_status,
+    is_refusal,
     is_transient,
     retry_delay,
     translate,
 )
-from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
+from airflow_mpi.exceptions import BackendError, BackendUnavailable, BackendUnreachable, JobNotFound, LaunchError
 from airflow_mpi.logstream import LineSplitter, LogCursor, split_timestamped
 from airflow_mpi.manifests import (
     PLACEHOLDER_UID,
@@ -53,10 +61,11 @@ from airflow_mpi.status import PodPhase, PodState, PodTable, WatchLoop, pod_stat
 
 # The one API-dispatch table: each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
 KINDS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
-CREATE_ATTEMPTS = 6
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
-TEARDOWN_WAIT = 60.0
+TEARDOWN_WAIT = 60.0  # for the pods to go once the API has accepted the delete
+TAIL_READ_TIMEOUT = 10.0  # a failure message's "last lines" are not worth a longer wait
+GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the owner Service is gone
 EOF = object()
 
 Obj = dict[str, Any]
@@ -95,12 +104,14 @@ class KubernetesBackend:
         api_client: Any = None,
         create_concurrency: int = 16,
         log_read_timeout: float = LOG_READ_TIMEOUT,
+        api_timeout: float = API_TIMEOUT,
     ) -> None:
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
         self._api_client = api_client
         self.create_concurrency = create_concurrency
         self.log_read_timeout = log_read_timeout
+        self.api_timeout = api_timeout
         self._jobs: dict[str, _Job] = {}
 
     # --- clients --------------------------------------------------------------------------
@@ -125,9 +136,16 @@ class KubernetesBackend:
             raise BackendUnavailable(
                 f"cannot reach Kubernetes through connection {self.kubernetes_conn_id!r}: {error}"
             ) from error
-        # Concurrent creates of many workers: one pooled connection per thread.
-        configuration.connection_pool_maxsize = max(self.create_concurrency + 4, 16)
-        return ApiClient(configuration)
+        return ApiClient(configure_client(configuration, self.create_concurrency))
+
+    @property
+    def api_url(self) -> str:
+        return str(self.api_client.configuration.host)
+
+    @cached_property
+    def silence(self) -> ApiSilence:
+        """How long the API has not answered, across every request and job of this backend."""
+        return ApiSilence(self.api_url, self.api_timeout)
 
     @cached_property
     def core(self) -> Any:
@@ -138,6 +156,27 @@ class KubernetesBackend:
     def _api(self, verb: str, plural: str) -> Callable[..., Any]:
         """``CoreV1Api.<verb>_namespaced_<kind>`` for ``plural`` (e.g. create, "pods")."""
         return getattr(self.core, f"{verb}_namespaced_{KINDS[plural]}")  # type: ignore[no-any-return]
+
+    def _send(self, call: Callable[[tuple[float, float]], Any], since: float | None = None) -> Any:
+        """Make one request (``call(request_timeout)``), retrying 429/5xx answers and connection
+        failures until the API has been silent for ``api_timeout`` since ``since`` (default: now),
+        then ``BackendUnreachable``. Any other error is the caller's to read (404, 409 ...)."""
+        since = time.monotonic() if since is None else since
+        attempt = 0
+        while True:
+            try:
+                result = call(self.silence.request_timeout(since))
+            except Exception as error:
+                self.silence.failed(error)
+                if not is_transient(error):
+                    raise
+                if self.silence.exceeded(since):
+                    raise self.silence.error(since) from error
+                time.sleep(min(retry_delay(error, attempt), max(0.0, self.silence.left(since))))
+                attempt += 1
+                continue
+            self.silence.answered()
+            return result
 
     def namespace_for(self, spec: MPIJobSpec) -> str:
         if spec.pod.namespace:
@@ -156,11 +195,11 @@ class KubernetesBackend:
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
         manifests = render_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
-        service = self._create_service(namespace, manifests[0])
-        owner = render_owner_reference(plan, service["metadata"]["uid"])
-        # Watch from the Service's version: every event of the pods created next is seen.
-        job = self._watch(plan, namespace, service["metadata"]["resourceVersion"])
         try:
+            service = self._create_service(namespace, manifests[0])
+            owner = render_owner_reference(plan, service["metadata"]["uid"])
+            # Watch from the Service's version: every event of the pods created next is seen.
+            job = self._watch(plan, namespace, service["metadata"]["resourceVersion"])
             for manifest in manifests[1:]:
                 manifest["metadata"]["ownerReferences"] = [owner]
             secret, config_map, *workers, master = manifests[1:]
@@ -171,23 +210,27 @@ class KubernetesBackend:
                 with ThreadPoolExecutor(max_workers=min(self.create_concurrency, len(workers))) as pool:
                     for _ in pool.map(lambda pod: self._create(namespace, "pods", pod), workers):
                         pass  # keep none of the (large) responses
-        except BaseException:
-            self.teardown(plan.job_name)
-            # A refused pod (e.g. by PodSecurity admission) leaves no pod for teardown to wait on:
-            # delete the Secret and ConfigMap now rather than at the garbage collector's pace.
-            for delete, name in (
-                (self.core.delete_namespaced_secret, secret_name(plan.job_name)),
-                (self.core.delete_namespaced_config_map, config_map_name(plan.job_name)),
-            ):
-                with contextlib.suppress(Exception):
-                    delete(name, namespace, _preload_content=False)
+        except BaseException as error:
+            # Even a create that timed out may have been applied. Not when the API has just been
+            # silent for the whole bound, though: the caller's teardown (bounded) tries that again.
+            if not isinstance(error, BackendUnreachable):
+                with contextlib.suppress(Exception):  # the create's own error is the one to raise
+                    self.teardown(plan.job_name, namespace)
+                # A refused pod (e.g. by PodSecurity admission) leaves no pod for teardown to wait
+                # on: delete the Secret and ConfigMap now rather than at the garbage collector's pace.
+                for delete, name in (
+                    (self.core.delete_namespaced_secret, secret_name(plan.job_name)),
+                    (self.core.delete_namespaced_config_map, config_map_name(plan.job_name)),
+                ):
+                    with contextlib.suppress(Exception):
+                        delete(name, namespace, _preload_content=False)
             raise
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> _Job:
         job = _Job(
             name=plan.job_name,
             namespace=namespace,
-            watcher=PodWatcher(self.core, namespace, job_selector(plan.job_name)),
+            watcher=PodWatcher(self.core, namespace, job_selector(plan.job_name), self.silence),
             roles={worker.name: Role.WORKER for worker in plan.workers},
             master=plan.master.name,
             plan=plan,
@@ -207,41 +250,54 @@ class KubernetesBackend:
         raise LaunchError(f"job {name}: an earlier attempt's objects are still being deleted")
 
     def _create(self, namespace: str, plural: str, manifest: Obj) -> Obj:
-        """POST with bounded retries on 429/5xx and connection errors. A 409 after a retried POST
-        means the first attempt went through: the existing object is ours when labels agree."""
+        """POST, retried on 429/5xx and connection errors (bounded by ``api_timeout``). A 409 after
+        a retried POST means the first attempt went through: the existing object is ours when
+        labels agree."""
         create = self._api("create", plural)
         name = manifest["metadata"]["name"]
-        retried = False
-        for attempt in range(CREATE_ATTEMPTS):
-            try:
-                return dict(json.loads(create(namespace, manifest, _preload_content=False).data))
-            except Exception as error:
-                if api_status(error) == CONFLICT:
-                    existing = self._read(namespace, plural, name)
-                    if retried and existing is not None and _same_job(existing, manifest):
-                        return existing
-                    raise _AlreadyExists(f"{plural[:-1]} {name} already exists in {namespace}", existing) from error
-                if is_transient(error):
-                    retried = True
-                    time.sleep(retry_delay(error, attempt))
-                    continue
-                raise translate(error, f"creating {plural[:-1]} {name} in {namespace}", creating=True) from error
-        raise LaunchError(f"creating {plural[:-1]} {name} in {namespace} failed {CREATE_ATTEMPTS} times")
+        attempts = 0
+
+        def post(timeout: tuple[float, float]) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return create(namespace, manifest, _preload_content=False, _request_timeout=timeout)
+
+        try:
+            return dict(json.loads(self._send(post).data))
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) == CONFLICT:
+                existing = self._read(namespace, plural, name)
+                if attempts > 1 and existing is not None and _same_job(existing, manifest):
+                    return existing
+                raise _AlreadyExists(f"{plural[:-1]} {name} already exists in {namespace}", existing) from error
+            raise translate(error, ApiRequest("create", plural, namespace, name), self.api_url) from error
 
     def _read(self, namespace: str, plural: str, name: str) -> Obj | None:
+        read = self._api("read", plural)
         try:
-            return dict(json.loads(self._api("read", plural)(name, namespace, _preload_content=False).data))
+            response = self._send(
+                lambda timeout: read(name, namespace, _preload_content=False, _request_timeout=timeout)
+            )
+        except BackendError:
+            raise
         except Exception as error:
             if api_status(error) == NOT_FOUND:
                 return None
-            raise translate(error, f"reading {plural[:-1]} {name} in {namespace}") from error
+            raise translate(error, ApiRequest("get", plural, namespace, name), self.api_url) from error
+        return dict(json.loads(response.data))
 
     def _delete_and_wait(self, namespace: str, name: str, existing: Obj | None, timeout: float = TEARDOWN_WAIT) -> None:
         from kubernetes.client import V1DeleteOptions
 
         with contextlib.suppress(Exception):
             self._api("delete", "services")(
-                name, namespace, body=V1DeleteOptions(propagation_policy="Foreground"), _preload_content=False
+                name,
+                namespace,
+                body=V1DeleteOptions(propagation_policy="Foreground"),
+                _preload_content=False,
+                _request_timeout=self.silence.request_timeout(time.monotonic()),
             )
         deadline = time.monotonic() + timeout
         while self._read(namespace, "services", name) is not None and time.monotonic() < deadline:
@@ -257,9 +313,14 @@ class KubernetesBackend:
         """Watch a job this process did not create (a sensor in another task), by name alone:
         the pods' role labels tell who is who."""
         namespace = self._namespace or "default"
-        watcher = PodWatcher(self.core, namespace, job_selector(job_name))
+        watcher = PodWatcher(self.core, namespace, job_selector(job_name), self.silence)
         watcher.start("")
         watcher.wait_listed(30)
+        try:
+            watcher.check()
+        except BackendError:
+            watcher.stop()
+            raise
         with watcher.cond:
             pods = dict(watcher.table.pods)
         if not pods:
@@ -273,7 +334,9 @@ class KubernetesBackend:
         return job
 
     def pod_states(self, job_name: str) -> list[PodState]:
+        """From the watch; raises what ended it (a refusal, or an API silent past ``api_timeout``)."""
         job = self._job(job_name)
+        job.watcher.check()
         with job.watcher.cond:
             job.seen_events = job.watcher.table.events
             return job.watcher.table.states(job.roles)
@@ -319,16 +382,21 @@ class KubernetesBackend:
             since = job.cursor.resume()
             try:
                 response = self._open_log(job, since)
+                self.silence.answered()
             except Exception as error:
+                self.silence.failed(error)
                 status = api_status(error)
                 if status == NOT_FOUND or (state.ended and status == BAD_REQUEST):
                     return  # gone, or ended without ever starting (e.g. an image error)
-                if status == BAD_REQUEST or is_transient(error):  # 400: the container is not up yet
+                if status == BAD_REQUEST or is_transient(error):
+                    # 400: the container is not up yet. A transient failure is bounded by the
+                    # watch: pod_states raises once the API has been silent for api_timeout.
                     job.watcher.wait(min(0.2 * (reconnects + 1), 2.0))
                     reconnects += 1
                     yield []
                     continue
-                raise translate(error, f"reading the log of {job.master}") from error
+                request = ApiRequest("get", "pods/log", job.namespace, job.master)
+                raise translate(error, request, self.api_url) from error
             clean = yield from self._read_stream(job, response, idle_tick)
             if clean and self._master_state(job).ended:
                 return
@@ -351,7 +419,7 @@ class KubernetesBackend:
             auth_settings=["BearerToken"],
             _return_http_data_only=True,
             _preload_content=False,
-            _request_timeout=(10, self.log_read_timeout),
+            _request_timeout=self.silence.request_timeout(time.monotonic(), read=self.log_read_timeout),
         )
 
     def _read_stream(self, job: _Job, response: Any, idle_tick: float) -> Generator[list[str], None, bool]:
@@ -401,14 +469,24 @@ class KubernetesBackend:
         return clean  # a partial last line of a drop is read again after the resume
 
     def pod_log_tail(self, job_name: str, pod: str, lines: int = 20) -> list[str]:
+        """The pod's last lines, for a failure message: [] when they cannot be had quickly."""
         job = self._job(job_name)
-        try:
-            response = self.core.read_namespaced_pod_log(
-                pod, job.namespace, container=contract.CONTAINER_NAME, tail_lines=lines, _preload_content=False
-            )
+        for _ in range(2):  # one retry: a pooled connection the server has closed meanwhile
+            try:
+                response = self.core.read_namespaced_pod_log(
+                    pod,
+                    job.namespace,
+                    container=contract.CONTAINER_NAME,
+                    tail_lines=lines,
+                    _preload_content=False,
+                    _request_timeout=self.silence.request_timeout(time.monotonic(), read=TAIL_READ_TIMEOUT),
+                )
+            except Exception as error:
+                if is_transient(error):
+                    continue
+                return []
             return [line for line in response.data.decode("utf-8", "replace").splitlines() if line.strip()]
-        except Exception:
-            return []
+        return []
 
     def release(self, job_name: str) -> None:
         """Stop watching a job without touching it (a sensor's poke is done)."""
@@ -420,49 +498,97 @@ class KubernetesBackend:
 
     def teardown(self, job_name: str, namespace: str | None = None) -> None:
         """Delete the Service: the garbage collector deletes the rest. Waits until the job's pods
-        are gone (deleting any the collector has not reached in time)."""
-        from kubernetes.client import V1DeleteOptions
-
+        are gone (deleting any the collector has not reached in time). Bounded: when the API
+        refuses or stays silent for ``api_timeout``, raises that error (the job may be left)."""
         job = self._jobs.get(job_name)
         namespace = job.namespace if job else namespace or self._namespace or "default"
+        since = time.monotonic()
         try:
-            self._api("delete", "services")(
-                job_name, namespace, body=V1DeleteOptions(propagation_policy="Background"), _preload_content=False
+            try:
+                self._delete(namespace, "services", job_name, since, propagation="Background")
+            except BackendError as error:
+                raise type(error)(
+                    f"{error}; then delete the Service {job_name} in namespace {namespace} (kubectl delete service "
+                    f"{job_name} -n {namespace}): the job's other objects and pods go with it"
+                ) from error
+            if job is None:
+                return
+            watcher = job.watcher
+            deadline = time.monotonic() + TEARDOWN_WAIT
+            with watcher.cond:
+                while watcher.table.pods and time.monotonic() < deadline and watcher.alive:
+                    watcher.cond.wait(0.5)
+                left = list(watcher.table.pods) if watcher.alive else None
+            if left is None:  # no watch to tell: ask; if the API will not say, the collector has them
+                with contextlib.suppress(BackendError):
+                    left = [p["metadata"]["name"] for p in self._list(namespace, "pods", job_selector(job_name), since)]
+            left = left or []
+            job.final_pods = left
+            failed: BackendError | None = None
+            for pod in left:  # the collector is slow or off: delete directly
+                try:
+                    self._delete(namespace, "pods", pod, since)
+                except BackendError as error:
+                    failed = failed or error
+            if failed is not None:
+                raise failed
+        finally:
+            if job is not None:
+                job.watcher.stop()
+
+    def _delete(self, namespace: str, plural: str, name: str, since: float, propagation: str = "") -> bool:
+        """DELETE one object (bounded by ``api_timeout`` from ``since``); False if it was gone."""
+        from kubernetes.client import V1DeleteOptions
+
+        delete = self._api("delete", plural)
+        body = V1DeleteOptions(propagation_policy=propagation) if propagation else None
+        try:
+            self._send(
+                lambda timeout: delete(name, namespace, body=body, _preload_content=False, _request_timeout=timeout),
+                since,
             )
+        except BackendError:
+            raise
         except Exception as error:
-            if api_status(error) != NOT_FOUND:
-                raise translate(error, f"deleting job {job_name} (its service) in {namespace}") from error
-        if job is None:
-            return
-        watcher = job.watcher
-        deadline = time.monotonic() + TEARDOWN_WAIT
-        with watcher.cond:
-            while watcher.table.pods and time.monotonic() < deadline and watcher.alive:
-                watcher.cond.wait(0.5)
-            left = list(watcher.table.pods) if watcher.alive else None
-        if left is None:  # no watch to tell: ask
-            left = [p["metadata"]["name"] for p in self._list(namespace, "pods", job_selector(job_name))]
-        for pod in left:  # the collector is slow or off: delete directly
-            with contextlib.suppress(Exception):
-                self._api("delete", "pods")(pod, namespace, _preload_content=False)
-        job.final_pods = left
-        watcher.stop()
+            if api_status(error) == NOT_FOUND:
+                return False
+            raise translate(error, ApiRequest("delete", plural, namespace, name), self.api_url) from error
+        return True
 
     def leftovers(self, job_name: str) -> list[str]:
         """What of the job still exists, by listing (Services, Secrets, ConfigMaps, and the pods
-        the watch saw last)."""
+        the watch saw last). Dependents of a Service already gone are given ``GC_SETTLE`` seconds:
+        the garbage collector deletes them shortly after their owner."""
         job = self._jobs.pop(job_name, None)
         namespace = job.namespace if job else self._namespace or "default"
         selector = job_selector(job_name)
-        found = []
-        for plural in ("services", "secrets", "configmaps"):
-            found += [f"{plural[:-1]} {o['metadata']['name']}" for o in self._list(namespace, plural, selector)]
-        if job is None or job.final_pods:
-            found += [f"pod {o['metadata']['name']}" for o in self._list(namespace, "pods", selector)]
-        return found
+        since = time.monotonic()
+        plurals = ("services", "secrets", "configmaps", *(("pods",) if job is None or job.final_pods else ()))
+        while True:
+            found = [
+                f"{plural[:-1]} {o['metadata']['name']}"
+                for plural in plurals
+                for o in self._list(namespace, plural, selector, since)
+            ]
+            owner_there = any(item.startswith("service ") for item in found)
+            if not found or owner_there or time.monotonic() - since >= GC_SETTLE:
+                return found
+            time.sleep(0.2)
 
-    def _list(self, namespace: str, plural: str, selector: str) -> list[Obj]:
-        response = self._api("list", plural)(namespace, label_selector=selector, _preload_content=False)
+    def _list(self, namespace: str, plural: str, selector: str, since: float | None = None) -> list[Obj]:
+        """One list (bounded by ``api_timeout`` from ``since``, default now)."""
+        list_ = self._api("list", plural)
+        try:
+            response = self._send(
+                lambda timeout: list_(
+                    namespace, label_selector=selector, _preload_content=False, _request_timeout=timeout
+                ),
+                since,
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("list", plural, namespace), self.api_url) from error
         return list(json.loads(response.data).get("items") or [])
 
     # --- retries: find and adopt the job of an earlier try ---------------------------------
@@ -484,6 +610,7 @@ class KubernetesBackend:
         job = self._watch(plan, namespace, "")  # list first
         watcher = job.watcher
         watcher.wait_listed(30)
+        watcher.check()
         with watcher.cond:
             if plan.master.name in watcher.table.pods:
                 job.roles[plan.master.name] = Role.MASTER
@@ -492,16 +619,21 @@ class KubernetesBackend:
 
 class PodWatcher:
     """One watch over a job's pods in a thread, kept in a ``PodTable``; waiters wake on events.
-    The thread drives the shared ``WatchLoop`` (list, watch, relist on 410, back off)."""
+    The thread drives the shared ``WatchLoop`` (list, watch, relist on 410, back off) until it is
+    stopped, the API refuses (401, 403, 404 ...), or the API has been silent for the bound; then
+    ``check`` raises why, so no waiter waits on a watch that has ended."""
 
-    def __init__(self, core: Any, namespace: str, selector: str) -> None:
+    def __init__(self, core: Any, namespace: str, selector: str, silence: ApiSilence) -> None:
         self.core, self.namespace, self.selector = core, namespace, selector
+        self.silence = silence
         self.loop = WatchLoop(first_backoff=0.1)
         self.cond = threading.Condition()
+        self.error: BackendError | None = None
         self._stop = threading.Event()
         self._response: Any = None
         self._thread: threading.Thread | None = None
         self._listed = False
+        self._since = time.monotonic()
 
     @property
     def table(self) -> PodTable:
@@ -513,8 +645,17 @@ class PodWatcher:
 
     def start(self, resource_version: str) -> None:
         self.table.resource_version = resource_version
+        self._since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"watch-{self.selector}", daemon=True)
         self._thread.start()
+
+    def check(self) -> None:
+        """Raise what ended the watch, or ``BackendUnreachable`` once the API has been silent
+        for the bound (even while a request of the thread still hangs)."""
+        if self.error is not None:
+            raise self.error
+        if self.silence.exceeded(self._since):
+            raise self.silence.error(self._since)
 
     def wait(self, timeout: float) -> None:
         with self.cond:
@@ -523,7 +664,9 @@ class PodWatcher:
     def wait_listed(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self.cond:
-            while not self._listed and time.monotonic() < deadline:
+            while not self._listed and self.error is None and time.monotonic() < deadline:
+                if self.silence.exceeded(self._since):
+                    return
                 self.cond.wait(0.1)
 
     def stop(self) -> None:
@@ -536,16 +679,37 @@ class PodWatcher:
             self._thread.join(5)
 
     def _list(self) -> None:
-        response = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, _preload_content=False)
+        response = self.core.list_namespaced_pod(
+            self.namespace,
+            label_selector=self.selector,
+            _preload_content=False,
+            _request_timeout=self.silence.request_timeout(self._since),
+        )
         data = json.loads(response.data)
+        self.silence.answered()
         with self.cond:
             self.loop.listed(data.get("items") or [], data["metadata"]["resourceVersion"])
             self._listed = True
             self.cond.notify_all()
 
+    def _watch(self) -> Any:
+        # A quiet watch must still end (and so answer) well within the bound.
+        seconds = self.silence.watch_seconds(WATCH_SECONDS)
+        return self.core.list_namespaced_pod(
+            self.namespace,
+            label_selector=self.selector,
+            watch=True,
+            resource_version=self.table.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=seconds,
+            _preload_content=False,
+            _request_timeout=self.silence.request_timeout(self._since, read=seconds + self.silence.limit / 2),
+        )
+
     def _run(self) -> None:
         loop = self.loop
         while not self._stop.is_set():
+            verb = "list"  # the RBAC verb of the request under way, for a refusal's message
             try:
                 if loop.must_list:
                     self._list()
@@ -553,17 +717,11 @@ class PodWatcher:
                     with self.cond:
                         self._listed = True
                         self.cond.notify_all()
-                self._response = self.core.list_namespaced_pod(
-                    self.namespace,
-                    label_selector=self.selector,
-                    watch=True,
-                    resource_version=self.table.resource_version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=WATCH_SECONDS,
-                    _preload_content=False,
-                    _request_timeout=(10, WATCH_SECONDS + 30),
-                )
+                verb = "watch"
+                self._response = self._watch()
+                self.silence.answered()
                 for event in _watch_events(self._response):
+                    self.silence.answered()
                     with self.cond:
                         current = loop.apply(event)
                         self.cond.notify_all()
@@ -573,13 +731,26 @@ class PodWatcher:
             except Exception as error:
                 if self._stop.is_set():
                     break
-                time.sleep(loop.failed(gone=api_status(error) == GONE))
+                self.silence.failed(error)
+                if is_refusal(error):
+                    self._end(translate(error, ApiRequest(verb, "pods", self.namespace), self.silence.api_url))
+                    break
+                if self.silence.exceeded(self._since):
+                    self._end(self.silence.error(self._since))
+                    break
+                delay = loop.failed(gone=api_status(error) == GONE)
+                self._stop.wait(min(delay, max(0.05, self.silence.left(self._since))))
             finally:
                 response, self._response = self._response, None
                 if response is not None:
                     with contextlib.suppress(Exception):
                         response.release_conn()
         with self.cond:
+            self.cond.notify_all()
+
+    def _end(self, error: BackendError) -> None:
+        with self.cond:
+            self.error = error
             self.cond.notify_all()
 
 
@@ -589,6 +760,15 @@ def _watch_events(response: Any) -> Iterator[Obj]:
     for chunk in response.stream(65536, decode_content=False):
         yield from (json.loads(line) for line in lines.feed(chunk) if line.strip())
     yield from (json.loads(line) for line in lines.flush() if line.strip())
+
+
+def configure_client(configuration: Any, concurrency: int = 16) -> Any:
+    """What every request of the backend relies on, set on a client ``Configuration``: one pooled
+    connection per create thread, and no retries inside urllib3 (the backend retries itself,
+    bounded by ``api_timeout``; urllib3's would repeat a hung read up to three times)."""
+    configuration.connection_pool_maxsize = max(concurrency + 4, 16)
+    configuration.retries = 0
+    return configuration
 
 
 def _same_job(existing: Obj, manifest: Obj) -> bool:

@@ -1,7 +1,8 @@
 """MPIJobHook: an Airflow connection (type ``mpi``) -> the backend that runs the job.
 
 Connection extras: ``backend`` (``local`` or ``kubernetes``), ``kubernetes_conn_id``,
-``namespace``, ``state_dir``. With no connection configured, the local backend is used, so the
+``namespace``, ``api_timeout`` (seconds the Kubernetes API may stay silent before a wait gives
+up), ``state_dir``. With no connection configured, the local backend is used, so the
 example DAG runs as it is on one machine.
 """
 
@@ -49,16 +50,31 @@ class MPIJobHook(BaseHook):
 
             return LocalBackend(state_dir=extras.get("state_dir"))
         if kind == "kubernetes":
+            from airflow_mpi.backends.k8s_errors import API_TIMEOUT
             from airflow_mpi.backends.kubernetes import KubernetesBackend
 
             return KubernetesBackend(
                 kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
                 namespace=extras.get("namespace"),
+                api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
             )
         raise BackendUnavailable(
             f"connection {self.mpi_conn_id!r}: backend {kind!r} is unknown; set its extra 'backend' to one of "
             f"{', '.join(BACKENDS)}"
         )
+
+    def _seconds(self, extras: dict[str, Any], key: str, default: float) -> float:
+        value = extras.get(key, default)
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if not 1 <= seconds <= 86400:
+            raise BackendUnavailable(
+                f"connection {self.mpi_conn_id!r}: extra {key!r} is {value!r}; set it to a number of seconds "
+                f"from 1 to 86400 (default {default:.0f})"
+            )
+        return seconds
 
     def get_conn(self) -> Backend:
         return self.get_backend()

@@ -129,8 +129,8 @@ class MPIJobOperator(BaseOperator):
             self._defer(runner, WAIT_FINISHED)
         try:
             runner.create()
-        except BaseException:
-            runner.teardown()
+        except BaseException as error:
+            runner.teardown(error)
             raise
         self._defer(runner, WAIT_READY)
 
@@ -140,6 +140,7 @@ class MPIJobOperator(BaseOperator):
         plan, backend = runner.plan, self._deferrable(runner.backend)
         spec = plan.spec
         timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
+        backend.release(plan.job_name)  # the trigger watches from here on
         self.defer(
             trigger=MPIJobTrigger(
                 job_name=plan.job_name,
@@ -151,6 +152,7 @@ class MPIJobOperator(BaseOperator):
                 master_pod=plan.master.name,
                 timeout=timeout,
                 ssh_port=spec.ssh_port,
+                api_timeout=backend.api_timeout,
                 try_number=plan.identity.try_number,
                 marks=runner.marks,
             ),
@@ -167,12 +169,12 @@ class MPIJobOperator(BaseOperator):
             raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         progress = _Progress(context)
         deferrable = self._deferrable(backend)
-        deferrable.adopt(plan, deferrable.namespace_for(spec))
         runner = self._runner = JobRunner(
             backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name)
         )
         runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
         try:
+            deferrable.adopt(plan, deferrable.namespace_for(spec))
             if event["status"] == WAIT_READY:
                 runner.marks["sshd_ready"] = float(event["at"])
                 runner.start_master()
@@ -183,8 +185,8 @@ class MPIJobOperator(BaseOperator):
             result = runner.finish()  # finished, or the master failed: its log names the rank
         except TaskDeferred:
             raise  # the job lives on: no teardown
-        except BaseException:
-            runner.teardown()
+        except BaseException as error:
+            runner.teardown(error)
             raise
         runner.teardown()
         progress.clear()

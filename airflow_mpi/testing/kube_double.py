@@ -25,16 +25,22 @@ refuses pods its Pod Security Standards level forbids, with the real 403 and mes
 Fault knobs: ``fail_requests`` (e.g. 500 on the N-th create), ``drop_log_streams`` (cut a log
 stream after K lines), ``expire_watches`` (410), ``clock_offset`` (the node's clock against
 this machine's), and the scripted kubelet's per-pod faults (image pull error, unschedulable,
-evicted, OOMKilled, exit codes).
+evicted, OOMKilled, exit codes). The API server's own refusals and outages, with the bodies a
+real one sends: ``deny`` (RBAC: 403 for a verb on a resource), ``expire_credentials`` (401),
+namespaces (``delete_namespace``: creating in a namespace that does not exist is 404, listing
+there lists nothing), ``hang`` (accept requests, never answer, streams go silent) and
+``refuse_connections`` (nothing listens on the port: connection refused).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 import queue
 import re
+import socket
 import threading
 import time
 import uuid
@@ -58,6 +64,8 @@ from airflow_mpi.testing.apivalidation import (
 )
 
 HISTORY = 20_000  # watch events kept; older resourceVersions get 410 Gone
+NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")  # what a new cluster has
+USER = "system:serviceaccount:airflow:airflow-worker"  # who asks, in the double's 403 messages
 
 Obj = dict[str, Any]
 
@@ -175,6 +183,15 @@ class KubeDouble:
     def __init__(self, kubelet: Kubelet | None = None, *, clock_offset: float = 0.0) -> None:
         self.kubelet: Kubelet = kubelet or ScriptedKubelet()
         self.clock_offset = clock_offset  # the node's clock minus this machine's, in seconds
+        self.namespaces: set[str] = set(NAMESPACES)
+        self.user = USER
+        self.credentials_expired = False
+        self._denied: set[tuple[str, str]] = set()  # (verb, resource) the Role lacks
+        self._granted: set[tuple[str, str]] | None = None  # with a Role: only what it grants
+        self._answering = threading.Event()  # cleared: requests are held, streams go silent
+        self._answering.set()
+        self._connections: set[socket.socket] = set()
+        self._port = 0
         self.objects: dict[tuple[str, str, str], Obj] = {}
         self.logs: dict[tuple[str, str], LogBuffer] = {}
         self.history: deque[tuple[int, str, str, Obj]] = deque(maxlen=HISTORY)
@@ -194,35 +211,48 @@ class KubeDouble:
     # --- server ---------------------------------------------------------------------------
 
     def start(self) -> str:
-        handler = type("Handler", (_Handler,), {"double": self})
-        self._server = _Server(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._server.request_queue_size = 1024
-        thread = threading.Thread(target=self._server.serve_forever, name="kube-double", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self._listen()
         gc = threading.Thread(target=self._collect_garbage, name="kube-double-gc", daemon=True)
         gc.start()
         self._threads.append(gc)
         return self.url
 
+    def _listen(self) -> None:
+        handler = type("Handler", (_Handler,), {"double": self})
+        self._server = _Server(("127.0.0.1", self._port), handler)
+        self._server.daemon_threads = True
+        self._server.request_queue_size = 1024
+        self._port = self._server.server_address[1]
+        thread = threading.Thread(target=self._server.serve_forever, name="kube-double", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
     @property
     def url(self) -> str:
-        assert self._server is not None
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
+        assert self._port, "the double was never started"
+        return f"http://127.0.0.1:{self._port}"
 
     def stop(self) -> None:
         self._gc_stop.set()
         self.kubelet.shutdown()
+        self._answering.set()
+        self._close_server()
+        for buffer in list(self.logs.values()):
+            buffer.close()
+
+    def _close_server(self) -> None:
+        """Stop listening and cut every open connection (watches, log streams, held requests)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         with self._lock:
             for _, _, q in self._watchers:
                 q.put(None)
-        for buffer in list(self.logs.values()):
-            buffer.close()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def kubeconfig(self, namespace: str = "default") -> Obj:
         """A kubeconfig for this double (e.g. the ``kube_config`` extra of an Airflow connection)."""
@@ -253,6 +283,90 @@ class KubeDouble:
         with self._lock:
             self._faults.append(_Fault(method, re.compile(path) if path else None, status, count, skip, retry_after))
 
+    def deny(self, verb: str, resource: str) -> None:
+        """RBAC without ``verb`` on ``resource`` (``pods``, ``pods/log``, ``services`` ...): 403,
+        with the message and details a real API server sends."""
+        with self._lock:
+            self._denied.add((verb, resource))
+
+    def grant(self, rules: list[Obj]) -> None:
+        """RBAC by a Role's ``rules`` (core API group): any other verb or resource is 403."""
+        granted = {
+            (verb, resource)
+            for rule in rules
+            if "" in rule.get("apiGroups", [""])
+            for verb in rule.get("verbs", [])
+            for resource in rule.get("resources", [])
+        }
+        with self._lock:
+            self._granted = granted
+
+    def expire_credentials(self, expired: bool = True) -> None:
+        """Every request is 401 Unauthorized (a revoked or expired token), until called with False."""
+        self.credentials_expired = expired
+
+    def create_namespace(self, name: str) -> None:
+        with self._lock:
+            self.namespaces.add(name)
+
+    def delete_namespace(self, name: str) -> None:
+        """Delete a namespace and everything in it (its pods are stopped first, as a real one)."""
+        with self._lock:
+            self.namespaces.discard(name)
+            inside = [(p, n) for (p, ns, n) in self.objects if ns == name and p != "events"]
+        for plural, obj_name in inside:
+            with contextlib.suppress(ApiError):
+                self.delete(plural, name, obj_name)
+
+    def hang(self) -> None:
+        """Accept connections and requests, answer none (until ``answer``); open watches and log
+        streams go silent: a server that is overloaded or cut off behind its load balancer."""
+        self._answering.clear()
+
+    def answer(self) -> None:
+        """Answer again: the held requests get their answers, late."""
+        self._answering.set()
+
+    def refuse_connections(self) -> None:
+        """Stop listening (connection refused) and cut every open connection, as a stopped API
+        server; ``accept_connections`` starts it again on the same port with the same state."""
+        self._close_server()
+
+    def accept_connections(self) -> None:
+        if self._server is None:
+            self._listen()
+
+    def wait_answering(self) -> None:
+        """Hold the caller while the double hangs (it returns at once otherwise)."""
+        while not self._answering.wait(0.2):
+            pass
+
+    def refusal(self, method: str, path: str, query: dict[str, str]) -> ApiError | None:
+        """401 or 403 for this request, as authentication and RBAC would answer it; None: allowed."""
+        if self.credentials_expired:
+            return ApiError(401, "Unauthorized", "Unauthorized")
+        match = _Handler.ROUTE.match(path)
+        if not match or (not self._denied and self._granted is None):
+            return None
+        namespace, plural, name = match["ns"], match["plural"], match["name"] or ""
+        resource = f"{plural}/log" if match["log"] else plural
+        if method == "GET":
+            verb = "get" if name else ("watch" if _flag(query, "watch") else "list")
+        else:
+            verb = {"POST": "create", "DELETE": "delete" if name else "deletecollection"}.get(method, method.lower())
+        allowed = self._granted is None or (verb, resource) in self._granted
+        if allowed and (verb, resource) not in self._denied:
+            return None
+        what = f'{plural} "{name}"' if name else plural
+        details = {"name": name, "kind": plural} if name else {"kind": plural}
+        return ApiError(
+            403,
+            "Forbidden",
+            f'{what} is forbidden: User "{self.user}" cannot {verb} resource "{resource}" in API group "" '
+            f'in the namespace "{namespace}"',
+            details,
+        )
+
     def drop_log_streams(self, after_lines: int, times: int = 1) -> None:
         """Cut the next ``times`` log streams abruptly after ``after_lines`` lines each."""
         with self._lock:
@@ -266,8 +380,10 @@ class KubeDouble:
                 q.put("expired")
 
     def label_namespace(self, namespace: str, labels: dict[str, str]) -> None:
-        """Set a namespace's labels, e.g. ``{"pod-security.kubernetes.io/enforce": "restricted"}``."""
+        """Set a namespace's labels, e.g. ``{"pod-security.kubernetes.io/enforce": "restricted"}``;
+        creates the namespace first if the double does not have it."""
         with self._lock:
+            self.namespaces.add(namespace)
             self.namespace_labels[namespace] = dict(labels)
 
     def request_count(self, method: str | None = None, path: str = "") -> int:
@@ -307,6 +423,10 @@ class KubeDouble:
 
     def create(self, plural: str, namespace: str, body: Obj) -> Obj:
         """Store a new object (what POST does); raises ``ApiError`` for 400/409/422."""
+        if namespace not in self.namespaces:
+            raise ApiError(
+                404, "NotFound", f'namespaces "{namespace}" not found', {"name": namespace, "kind": "namespaces"}
+            )
         meta = self._admit(plural, namespace, body)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = generate_name(str(meta["generateName"]))
@@ -435,7 +555,8 @@ class KubeDouble:
             "lastTimestamp": rfc3339(time.time()),
             "source": {"component": "kubelet" if reason != "FailedScheduling" else "default-scheduler"},
         }
-        self.create("events", namespace, body)
+        with contextlib.suppress(ApiError):  # its namespace is being deleted
+            self.create("events", namespace, body)
 
     def delete(self, plural: str, namespace: str, name: str, propagation: str = "Background") -> Obj:
         with self._lock:
@@ -643,6 +764,17 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        with self.double._lock:
+            self.double._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.double._lock:
+            self.double._connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
     def _send_json(self, code: int, body: Obj, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
@@ -660,6 +792,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _chunk(self, data: bytes) -> None:
+        self.double.wait_answering()
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
@@ -675,7 +808,16 @@ class _Handler(BaseHTTPRequestHandler):
         double = self.double
         url = urlparse(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        control = url.path.startswith("/_double/")
+        if not control:
+            double.wait_answering()
         double.requests.append((method, self.path))
+        refusal = None if control else double.refusal(method, url.path, query)
+        if refusal is not None:
+            if method in ("POST", "PUT", "PATCH"):
+                self._body()
+            self._send_json(refusal.code, status_body(refusal.code, refusal.reason, refusal.message, refusal.details))
+            return
         fault = double.check_fault(method, self.path)
         if fault is not None:
             if method in ("POST", "PUT", "PATCH"):

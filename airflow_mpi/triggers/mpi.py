@@ -5,6 +5,10 @@ One watch over the job's pods (async client), driving the same ``WatchLoop`` and
 the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
 events are ``events.JobEvent``. ``serialize()`` returns primitives only. A user kill
 (``on_kill``) deletes the job.
+
+The wait always ends: at the deadline whatever the API does (every request runs under it), at
+once when the API refuses (401, 403, 404 ...: what to change), and once the API has not answered
+for ``api_timeout`` seconds (connection refused, no reply, only 5xx).
 """
 
 from __future__ import annotations
@@ -18,8 +22,25 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_mpi.backends.k8s_errors import GONE, api_status
-from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent, Outcome
+from airflow_mpi.backends.k8s_errors import (
+    API_TIMEOUT,
+    CONNECT_TIMEOUT,
+    GONE,
+    ApiRequest,
+    ApiSilence,
+    api_status,
+    explain,
+    is_refusal,
+)
+from airflow_mpi.events import (
+    STATUS_ERROR,
+    STATUS_FAILED,
+    STATUS_TIMEOUT,
+    WAIT_FINISHED,
+    WAIT_READY,
+    JobEvent,
+    Outcome,
+)
 from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.naming import job_selector
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
@@ -27,10 +48,11 @@ from airflow_mpi.spec import Role
 from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
 
 WATCH_SECONDS = 60
+KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
 
 
 class MPIJobTrigger(BaseTrigger):
-    """Fires once, a ``JobEvent``: status ``ready``, ``finished``, ``failed`` or ``timeout``."""
+    """Fires once, a ``JobEvent``: status ``ready``, ``finished``, ``failed``, ``timeout`` or ``error``."""
 
     def __init__(
         self,
@@ -44,6 +66,7 @@ class MPIJobTrigger(BaseTrigger):
         master_pod: str,
         timeout: float,
         ssh_port: int = 22,
+        api_timeout: float = API_TIMEOUT,
         try_number: int = 1,
         marks: dict[str, float] | None = None,
     ) -> None:
@@ -57,6 +80,7 @@ class MPIJobTrigger(BaseTrigger):
         self.master_pod = master_pod
         self.timeout = timeout  # what the deadline stands for, for the message
         self.ssh_port = ssh_port
+        self.api_timeout = api_timeout  # seconds the API may go without answering
         # Handed back in the event: the operator resumes as a new object that knows nothing.
         self.try_number = try_number
         self.marks = dict(marks or {})
@@ -75,6 +99,7 @@ class MPIJobTrigger(BaseTrigger):
                 "master_pod": self.master_pod,
                 "timeout": self.timeout,
                 "ssh_port": self.ssh_port,
+                "api_timeout": self.api_timeout,
                 "try_number": self.try_number,
                 "marks": dict(self.marks),
             },
@@ -113,47 +138,102 @@ class MPIJobTrigger(BaseTrigger):
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
         from kubernetes_asyncio.client import CoreV1Api
 
-        hook = AsyncKubernetesHook(conn_id=self.kubernetes_conn_id)
+        async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
+            outcome = await self._wait(CoreV1Api(api_client), api_client)
+        yield self._fire(outcome)
+
+    async def _wait(self, core: Any, api_client: Any) -> Outcome:
+        """Watch until the pods decide, the deadline passes, the API refuses, or the API has not
+        answered for ``api_timeout`` seconds; each round runs under whichever comes first."""
+        silence = ApiSilence(str(api_client.configuration.host), self.api_timeout)
+        since = time.monotonic()
         loop = WatchLoop(first_backoff=0.2)
         selector = job_selector(self.job_name)
-        async with hook.get_conn() as api_client:
-            core = CoreV1Api(api_client)
-            while True:
-                try:
-                    if loop.must_list:
-                        listed = await core.list_namespaced_pod(self.namespace, label_selector=selector)
-                        loop.listed(
-                            [api_client.sanitize_for_serialization(p) for p in listed.items],
-                            listed.metadata.resource_version,
-                        )
+        verb = "list"
+
+        async def watch_round() -> Outcome | None:
+            nonlocal verb
+            if loop.must_list:
+                verb = "list"
+                listed = await core.list_namespaced_pod(
+                    self.namespace, label_selector=selector, _request_timeout=silence.request_timeout(since)
+                )
+                silence.answered()
+                loop.listed(
+                    [api_client.sanitize_for_serialization(p) for p in listed.items], listed.metadata.resource_version
+                )
+                gone = self._vanished(loop.table)
+                if gone is not None:
+                    return gone
+            outcome = self.decide(loop.table)
+            if outcome is not None:
+                return outcome
+            verb = "watch"
+            seconds = min(silence.watch_seconds(WATCH_SECONDS), max(1, int(self.deadline - time.time()) + 1))
+            response: Any = await core.list_namespaced_pod(
+                self.namespace,
+                label_selector=selector,
+                watch=True,
+                resource_version=loop.table.resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=seconds,
+                _preload_content=False,
+                _request_timeout=silence.request_timeout(since, read=seconds + silence.limit / 2),
+            )
+            await _raise_for_status(response)
+            silence.answered()
+            async with response, contextlib.aclosing(_watch_events(response)) as events:
+                async for event in events:
+                    silence.answered()
+                    if not loop.apply(event):
+                        break
                     outcome = self.decide(loop.table)
                     if outcome is not None:
-                        yield self._fire(outcome)
-                        return
-                    timeout = max(1, min(WATCH_SECONDS, int(self.deadline - time.time()) + 1))
-                    response: Any = await core.list_namespaced_pod(
-                        self.namespace,
-                        label_selector=selector,
-                        watch=True,
-                        resource_version=loop.table.resource_version,
-                        allow_watch_bookmarks=True,
-                        timeout_seconds=timeout,
-                        _preload_content=False,
-                    )
-                    async with response, contextlib.aclosing(_watch_events(response)) as events:
-                        async for event in events:
-                            if not loop.apply(event):
-                                break
-                            outcome = self.decide(loop.table)
-                            if outcome is not None:
-                                yield self._fire(outcome)
-                                return
-                    loop.watch_ended()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    self.log.warning("watching job %s: %s; retrying", self.job_name, error)
-                    await asyncio.sleep(loop.failed(gone=api_status(error) == GONE))
+                        return outcome
+            silence.answered()  # the watch ran its course
+            loop.watch_ended()
+            return None
+
+        while True:
+            if silence.exceeded(since):
+                return {"status": STATUS_ERROR, "unreachable": True, "reason": str(silence.error(since))}
+            outcome = self.decide(loop.table)  # the deadline fires here, whatever the API did
+            if outcome is not None:
+                return outcome
+            bound = asyncio.timeout(max(0.0, min(self.deadline - time.time(), silence.left(since))))
+            try:
+                async with bound:
+                    outcome = await watch_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if bound.expired():
+                    continue  # the top of the loop says which bound it was
+                silence.failed(error)
+                if is_refusal(error):
+                    request = ApiRequest(verb, "pods", self.namespace)
+                    return {"status": STATUS_ERROR, "reason": explain(error, request, silence.api_url)}
+                self.log.warning("watching job %s: %s; retrying", self.job_name, error)
+                delay = loop.failed(gone=api_status(error) == GONE)
+                await asyncio.sleep(min(delay, max(0.05, silence.left(since)), max(0.05, self.deadline - time.time())))
+                continue
+            if outcome is not None:
+                return outcome
+
+    def _vanished(self, table: PodTable) -> Outcome | None:
+        """After a list: every pod waited for was created before the deferral, so one that is not
+        there was deleted; none there at all means the job, or its namespace, is gone."""
+        missing = [name for name in self.roles if name not in table.pods]
+        if missing and len(missing) == len(self.roles):
+            return {
+                "status": STATUS_ERROR,
+                "reason": (
+                    f"no pod of MPI job {self.job_name} is left in namespace {self.namespace}: the job was deleted, "
+                    "or its namespace was (a namespace that does not exist lists no pods)"
+                ),
+            }
+        table.deleted.update(missing)
+        return None
 
     def _fire(self, outcome: Outcome) -> TriggerEvent:
         self._fired = True
@@ -177,9 +257,25 @@ class MPIJobTrigger(BaseTrigger):
         async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
             with contextlib.suppress(Exception):
                 await CoreV1Api(api_client).delete_namespaced_service(
-                    self.job_name, self.namespace, body=V1DeleteOptions(propagation_policy="Background")
+                    self.job_name,
+                    self.namespace,
+                    body=V1DeleteOptions(propagation_policy="Background"),
+                    _request_timeout=(CONNECT_TIMEOUT, KILL_TIMEOUT),
                 )
         self.log.info("task killed: MPI job %s deleted", self.job_name)
+
+
+async def _raise_for_status(response: Any) -> None:
+    """An error answer as the client's ``ApiException``: with ``_preload_content=False`` the async
+    client hands back any response, and a 403's Status body would otherwise be read as events."""
+    if 200 <= response.status <= 299:
+        return
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    error = ApiException(status=response.status, reason=response.reason)
+    error.body, error.headers = await response.read(), response.headers
+    response.release()
+    raise error
 
 
 async def _watch_events(response: Any) -> AsyncGenerator[dict[str, Any], None]:

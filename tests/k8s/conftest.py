@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from airflow_mpi.backends.kubernetes import KubernetesBackend
+from airflow_mpi.backends.kubernetes import KubernetesBackend, configure_client
 from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
 
 JOB_KINDS = ("pods", "services", "secrets", "configmaps")
@@ -54,8 +54,7 @@ def double(scripts: Scripts) -> Iterator[KubeDouble]:
 def api_client_for(kube: KubeDouble) -> client.ApiClient:
     configuration = client.Configuration()
     configuration.host = kube.url
-    configuration.connection_pool_maxsize = 32
-    return client.ApiClient(configuration)
+    return client.ApiClient(configure_client(configuration, 28))  # as the backend configures its own
 
 
 @pytest.fixture
@@ -74,13 +73,16 @@ def job_objects(kube: KubeDouble, job_name: str | None = None) -> list[str]:
     return found
 
 
-def install_connections(monkeypatch: pytest.MonkeyPatch, kube: KubeDouble, mpi_conn_id: str = "mpi_k8s") -> None:
-    """Airflow connections to the double: ``mpi_conn_id`` (mpi, kubernetes backend) -> ``kube_double``."""
+def install_connections(
+    monkeypatch: pytest.MonkeyPatch, kube: KubeDouble, mpi_conn_id: str = "mpi_k8s", **mpi_extra: Any
+) -> None:
+    """Airflow connections to the double: ``mpi_conn_id`` (mpi, kubernetes backend, plus
+    ``mpi_extra``) -> ``kube_double``."""
     monkeypatch.setenv(
         "AIRFLOW_CONN_KUBE_DOUBLE",
         json.dumps({"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kube.kubeconfig())}}),
     )
-    extra = {"backend": "kubernetes", "kubernetes_conn_id": "kube_double", "namespace": "default"}
+    extra = {"backend": "kubernetes", "kubernetes_conn_id": "kube_double", "namespace": "default", **mpi_extra}
     monkeypatch.setenv(f"AIRFLOW_CONN_{mpi_conn_id.upper()}", json.dumps({"conn_type": "mpi", "extra": extra}))
 
 
@@ -110,3 +112,21 @@ def real_double(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeDouble]:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def first_trigger_event(trigger: Any) -> dict[str, Any]:
+    """The event a deferred operator resumes with, as the triggerer gets it: the trigger
+    serialized and rebuilt, then run by asyncio until it fires."""
+    import asyncio
+
+    from airflow.sdk.module_loading import import_string
+
+    classpath, kwargs = trigger.serialize()
+    rebuilt = import_string(classpath)(**kwargs)
+
+    async def run() -> dict[str, Any]:
+        async for event in rebuilt.run():
+            return dict(event.payload)
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(run())
