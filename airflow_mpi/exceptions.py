@@ -52,8 +52,9 @@ class LaunchError(MPIJobError):
 class SshdNotReady(LaunchError):
     """Some worker's sshd never accepted the job key within the startup timeout."""
 
-    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, problems: Sequence[str] = (), *, causes: Sequence[str] = ()) -> None:
         self.problems = tuple(problems)
+        self.causes = tuple(causes)  # diagnosis.Cause values the workers' logs showed
         super().__init__(message)
 
 
@@ -68,11 +69,13 @@ class JobFailed(MPIJobError):
         pod: str | None = None,
         rank: int | None = None,
         tail: Sequence[str] = (),
+        causes: Sequence[str] = (),
     ) -> None:
         self.exit_code = exit_code
         self.pod = pod
         self.rank = rank
         self.tail = tuple(tail)
+        self.causes = tuple(causes)  # diagnosis.Cause values recognised in the pods' output
         super().__init__(message)
 
 

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_mpi.backends.base import Backend, ReattachableBackend
+from airflow_mpi.diagnosis import Diagnosis, EvidenceCollector, diagnose, explain, merge_diagnoses
 from airflow_mpi.exceptions import JobFailed, JobTimeout, LaunchError, SshdNotReady
 from airflow_mpi.logstream import OutputTracker, build_log_records, build_rank_pods
 from airflow_mpi.naming import RunIdentity
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.5  # how often workers are checked while the master runs
 TIMEOUT_GRACE = 3.0  # mpiexec --timeout reports first; past this the task side kills the job
+DIAGNOSED_PODS = 8  # worker logs read to explain a readiness failure (each is one small read)
+TAIL_LINES = 15
 
 
 @dataclass(frozen=True)
@@ -66,22 +69,59 @@ def wait_for_sshd(
             return report.probes
         waited = time.monotonic() - start
         if waited >= timeout:
-            message = summarize_not_ready(report.probes, waited, port)
-            raise SshdNotReady(message, [p.describe(port) for p in report.probes if not p.ok])
+            failing = [p for p in report.probes if not p.ok]
+            raise build_not_ready_error(
+                backend,
+                job_name,
+                summarize_not_ready(report.probes, waited, port),
+                [probe.host.split(".", 1)[0] for probe in failing],
+                [probe.describe(port) for probe in failing],
+            )
         # Kubernetes wakes this at the next pod event; locally it is a plain back-off sleep.
         backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
         delay = min(delay * 1.5, 1.0)
 
 
 def _worker_failed(backend: Backend, job_name: str, status: JobStatus, when: str) -> JobFailed:
-    tail = backend.pod_log_tail(job_name, status.failed_pod, 15) if status.failed_pod else []
+    return build_pod_failure(backend, job_name, status.failed_pod, status.reason, status.exit_code, when)
+
+
+def build_pod_failure(
+    backend: Backend,
+    job_name: str,
+    pod: str | None,
+    reason: str,
+    exit_code: int | None,
+    when: str = "",
+    evidence: list[Diagnosis] | None = None,
+) -> JobFailed:
+    """A pod (not the master's mpiexec) ended the job: its reason, the cause its log shows and the
+    fix, then its last lines. ``evidence``: causes already seen in the master's output."""
+    tail = backend.pod_log_tail(job_name, pod, TAIL_LINES) if pod else []
     shown = "\n".join(f"  | {line}" for line in tail)
+    lead = f"MPI job {job_name} failed{' ' + when if when else ''}: "
+    message = f"{lead}{reason}" + (f"\nlast lines of {pod}:\n{shown}" if tail else "")
+    diagnoses = merge_diagnoses(diagnose(tail), evidence or [])
     return JobFailed(
-        f"MPI job {job_name} failed {when}: {status.reason}"
-        + (f"\nlast lines of {status.failed_pod}:\n{shown}" if tail else ""),
-        exit_code=status.exit_code,
-        pod=status.failed_pod,
+        explain(lead, diagnoses, message),
+        exit_code=exit_code,
+        pod=pod,
         tail=tail,
+        causes=[d.cause.value for d in diagnoses],
+    )
+
+
+def build_not_ready_error(
+    backend: Backend, job_name: str, summary: str, pods: list[str], problems: list[str]
+) -> SshdNotReady:
+    """Workers never accepted ssh: a line per host, led by the cause their own logs show (sshd
+    prints why it refuses a key or will not start)."""
+    lines = [line for pod in pods[:DIAGNOSED_PODS] for line in backend.pod_log_tail(job_name, pod, TAIL_LINES)]
+    diagnoses = diagnose(lines)
+    return SshdNotReady(
+        explain(f"MPI job {job_name}: workers never accepted ssh: ", diagnoses, summary),
+        problems,
+        causes=[d.cause.value for d in diagnoses],
     )
 
 
@@ -127,6 +167,7 @@ class JobRunner:
         self.plan = plan
         self.emit = emit
         self.output = OutputTracker()
+        self.evidence = EvidenceCollector()  # known causes seen in the master's output
         self.marks: dict[str, float] = dict(marks or {})  # phase -> epoch seconds
         self.skip_lines = skip_lines  # master lines an earlier try already showed (reattach)
         self.on_progress = on_progress  # called with the number of master lines shown so far
@@ -222,6 +263,7 @@ class JobRunner:
         for batch in self.backend.follow_master(self.job_name, idle_tick=0.1):
             if batch:
                 self.output.feed(batch)
+                self.evidence.feed(batch)
                 if shown < self.skip_lines:  # an earlier try showed these already
                     skipped = min(len(batch), self.skip_lines - shown)
                     shown += skipped
@@ -235,28 +277,41 @@ class JobRunner:
             if now >= deadline + TIMEOUT_GRACE:
                 raise JobTimeout(
                     f"MPI job {self.job_name} ran past its timeout of {self.plan.spec.timeout}s and was killed",
-                    tail=self.output.tail[-15:],
+                    tail=self.output.tail[-TAIL_LINES:],
                 )
             if now >= next_watch:
                 next_watch = now + WATCH_INTERVAL
                 status = evaluate_job(self.backend.pod_states(self.job_name))
                 if status.phase is JobPhase.FAILED and status.failed_pod != self.plan.master.name:
-                    raise _worker_failed(self.backend, self.job_name, status, "while training")
+                    raise self._worker_failure(status)
         status = evaluate_job(self.backend.pod_states(self.job_name))
         if time.monotonic() >= deadline:
             self.output.timed_out = True
         return status
 
+    def _worker_failure(self, status: JobStatus) -> JobFailed:
+        return build_pod_failure(
+            self.backend,
+            self.job_name,
+            status.failed_pod,
+            status.reason,
+            status.exit_code,
+            "while training",
+            evidence=self.evidence.diagnoses(),
+        )
+
     def _failure(self, status: JobStatus) -> JobFailed:
         plan, out = self.plan, self.output
         if status.failed_pod and status.failed_pod != plan.master.name:
-            return _worker_failed(self.backend, self.job_name, status, "while training")
+            return self._worker_failure(status)
         if out.timed_out:
             return JobTimeout(
                 f"MPI job {self.job_name} ran past its timeout of {plan.spec.timeout}s (mpiexec --timeout)",
                 exit_code=status.exit_code,
-                tail=out.tail[-15:],
+                tail=out.tail[-TAIL_LINES:],
             )
+        self.evidence.feed(out.tail, every_line=True)
+        lead = f"MPI job {self.job_name} failed: "
         rank = out.failed_rank
         if rank is not None:
             pods = build_rank_pods(plan.spec, plan.topology)
@@ -268,23 +323,32 @@ class JobRunner:
                 if out.failed_signal is not None
                 else "failed"
             )
-            tail = out.rank_tail(rank) or out.tail[-15:]
-            shown = "\n".join(f"  | {line}" for line in tail[-15:])
+            tail = out.rank_tail(rank) or out.tail[-TAIL_LINES:]
+            self.evidence.feed(tail, every_line=True)
+            diagnoses = self.evidence.diagnoses()
+            shown = "\n".join(f"  | {line}" for line in tail[-TAIL_LINES:])
             return JobFailed(
-                f"MPI job {self.job_name} failed: rank {rank}{where} {cause} (mpiexec exit code "
-                f"{status.exit_code})\nlast lines of rank {rank}:\n{shown}",
+                explain(
+                    lead,
+                    diagnoses,
+                    f"{lead}rank {rank}{where} {cause} (mpiexec exit code "
+                    f"{status.exit_code})\nlast lines of rank {rank}:\n{shown}",
+                ),
                 exit_code=out.failed_exit_code if out.failed_exit_code is not None else status.exit_code,
                 pod=pods[rank] if rank < len(pods) else plan.master.name,
                 rank=rank,
                 tail=tail,
+                causes=[d.cause.value for d in diagnoses],
             )
-        tail = out.tail[-15:]
+        tail = out.tail[-TAIL_LINES:]
         shown = "\n".join(f"  | {line}" for line in tail)
+        diagnoses = self.evidence.diagnoses()
         return JobFailed(
-            f"MPI job {self.job_name} failed: {status.reason}\nlast lines of {plan.master.name}:\n{shown}",
+            explain(lead, diagnoses, f"{lead}{status.reason}\nlast lines of {plan.master.name}:\n{shown}"),
             exit_code=status.exit_code,
             pod=plan.master.name,
             tail=tail,
+            causes=[d.cause.value for d in diagnoses],
         )
 
 

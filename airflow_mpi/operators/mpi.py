@@ -28,11 +28,11 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_mpi.backends.base import Backend
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.exceptions import BackendUnavailable, JobFailed, JobTimeout, SpecError, SshdNotReady
+from airflow_mpi.exceptions import BackendUnavailable, JobTimeout, SpecError
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobRunner, resume_or_clean
+from airflow_mpi.runner import JobRunner, build_not_ready_error, build_pod_failure, resume_or_clean
 from airflow_mpi.spec import MPIJobSpec
 
 if TYPE_CHECKING:
@@ -174,18 +174,11 @@ class MPIJobOperator(BaseOperator):
                 runner.start_master()
                 self._defer(runner, "finished")
             if event["status"] == "timeout" and event["wait_for"] == "ready":
-                raise SshdNotReady(f"MPI job {job_name}: {event['reason']}")
+                workers = [w.name for w in plan.workers]
+                raise build_not_ready_error(backend, job_name, f"MPI job {job_name}: {event['reason']}", workers, [])
             if event["status"] == "failed" and event.get("pod") != plan.master.name:
-                pod = event.get("pod") or ""
-                tail = backend.pod_log_tail(job_name, pod, 15) if pod else []
-                shown = "\n".join(f"  | {line}" for line in tail)
-                raise JobFailed(
-                    f"MPI job {job_name} failed: {event.get('reason')}"
-                    + (f"\nlast lines of {pod}:\n{shown}" if tail else ""),
-                    exit_code=event.get("exit_code"),
-                    pod=pod,
-                    tail=tail,
-                )
+                pod, reason = event.get("pod") or None, str(event.get("reason"))
+                raise build_pod_failure(backend, job_name, pod, reason, event.get("exit_code"))
             if event["status"] == "timeout":
                 tail = backend.pod_log_tail(job_name, plan.master.name, 15)
                 shown = "\n".join(f"  | {line}" for line in tail)
