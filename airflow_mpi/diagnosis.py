@@ -121,6 +121,8 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "script-without-bash",
         _patterns(
             r"cannot execute: Permission denied",
+            # the rank wrapper's exec of a file without its execute bit (bash 5.2 says no more)
+            r"^\[\d+,\d+\]<std(?:err|out)>:\S*launch\.sh: line \d+: \S+: Permission denied$",
             r"cannot execute: required file not found",
             r"bad interpreter",
             r"cannot execute binary file",
@@ -162,7 +164,11 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "host keys are pinned per job: a host name that resolves to another pod (stale DNS, a name reused by "
         "another job) is refused; check the job's headless Service and pod IPs",
         "host-key-mismatch",
-        _patterns(r"Host key verification failed", r"REMOTE HOST IDENTIFICATION HAS CHANGED"),
+        _patterns(
+            r"Host key verification failed",
+            r"REMOTE HOST IDENTIFICATION HAS CHANGED",
+            r"host key mismatch: the host answering as",
+        ),
     ),
     KnownFailure(
         Cause.HOST_NOT_RESOLVING,
@@ -170,7 +176,12 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "on Kubernetes the job's headless Service <job> (publishNotReadyAddresses) must exist; check "
         "'kubectl get svc <job>' and the pods",
         "host-not-resolving",
-        _patterns(r"Could not resolve hostname", r"Name or service not known", r"Temporary failure in name resolution"),
+        _patterns(
+            r"Could not resolve hostname",
+            r"Name or service not known",
+            r"Temporary failure in name resolution",
+            r"not resolving: \S+ has no address",
+        ),
     ),
 )
 

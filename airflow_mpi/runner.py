@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_mpi.backends.base import Backend, ReattachableBackend
-from airflow_mpi.diagnosis import Diagnosis, EvidenceCollector, diagnose, explain, merge_diagnoses
+from airflow_mpi.diagnosis import Cause, Diagnosis, EvidenceCollector, diagnose, explain, merge_diagnoses
 from airflow_mpi.exceptions import JobFailed, JobTimeout, LaunchError, SshdNotReady
 from airflow_mpi.logstream import OutputTracker, build_log_records, build_rank_pods
 from airflow_mpi.naming import RunIdentity
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.5  # how often workers are checked while the master runs
 TIMEOUT_GRACE = 3.0  # mpiexec --timeout reports first; past this the task side kills the job
+# Causes that can go unnoticed: a nested launcher on CPUs gives every rank its own world of one,
+# and the job "succeeds" having trained N separate models.
+WARN_ON_SUCCESS = frozenset({Cause.NESTED_LAUNCHER})
 DIAGNOSED_PODS = 8  # worker logs read to explain a readiness failure (each is one small read)
 TAIL_LINES = 15
 
@@ -114,10 +117,10 @@ def build_pod_failure(
 def build_not_ready_error(
     backend: Backend, job_name: str, summary: str, pods: list[str], problems: list[str]
 ) -> SshdNotReady:
-    """Workers never accepted ssh: a line per host, led by the cause their own logs show (sshd
-    prints why it refuses a key or will not start)."""
+    """Workers never accepted ssh: a line per host, led by the cause: what the workers' own logs
+    show first (sshd prints why it refuses a key or will not start), else what the probes saw."""
     lines = [line for pod in pods[:DIAGNOSED_PODS] for line in backend.pod_log_tail(job_name, pod, TAIL_LINES)]
-    diagnoses = diagnose(lines)
+    diagnoses = merge_diagnoses(diagnose(lines), diagnose(summary.splitlines()))
     return SshdNotReady(
         explain(f"MPI job {job_name}: workers never accepted ssh: ", diagnoses, summary),
         problems,
@@ -236,6 +239,9 @@ class JobRunner:
         self.emit(f"airflow-mpi: job {plan.job_name} {status.phase.value}")
         if status.phase is not JobPhase.SUCCEEDED:
             raise self._failure(status)
+        for diagnosis in self.evidence.diagnoses():
+            if diagnosis.cause in WARN_ON_SUCCESS:
+                self.emit(explain("airflow-mpi: WARNING: the job succeeded, but ", [diagnosis], "").rstrip("\n"))
         return self.result()
 
     def result(self) -> JobResult:

@@ -20,6 +20,11 @@ def is_dns_label(text: str) -> bool:
     return len(text) <= MAX_DNS_LABEL and bool(DNS_LABEL.match(text))
 
 
+def is_dns1123_label(text: str) -> bool:
+    """A namespace name: at most 63 of [a-z0-9-], starting and ending with a letter or digit."""
+    return len(text) <= MAX_DNS_LABEL and bool(DNS1123_LABEL.match(text))
+
+
 def is_qualified_name(key: str) -> bool:
     """A label or annotation key: ``[prefix/]name``."""
     prefix, _, name = key.rpartition("/")

@@ -100,3 +100,33 @@ def test_deferred_job_whose_worker_sshd_cannot_start_names_the_cause(
     assert "failed: sshd exited: its privilege separation directory /run/sshd does not exist" in out
     assert "fix: create it before sshd starts: mkdir -p /run/sshd" in out
     assert left == []
+
+
+def test_a_job_that_succeeds_with_a_nested_launcher_is_warned_about(
+    backend: KubernetesBackend, double: KubeDouble, scripts: Scripts
+) -> None:
+    # On CPUs each nested launcher's process is rank 0 of its own world: nothing fails, N models train alone.
+    nested = [
+        "[1,0]<stdout>:[2026-11-30 20:32:29,938] [INFO] [launch.py:152:main] WORLD INFO DICT: {'localhost': [0]}",
+        "[1,0]<stdout>:rank 0 of 1",
+        "[1,1]<stdout>:rank 0 of 1",
+    ]
+    scripts.on("-master-", PodScript(lines=lines_of(nested), exit_code=0))
+    log = Log()
+    result = JobRunner(backend, make_plan(workers=1), log).run()
+    assert result.exit_code == 0
+    warning = next(i for i, line in enumerate(log) if line.startswith("airflow-mpi: WARNING:"))
+    assert log[warning] == (
+        "airflow-mpi: WARNING: the job succeeded, but a second launcher (deepspeed, torchrun or horovodrun) runs "
+        "inside the ranks mpiexec started: each starts its own processes, so ranks clash (wrong world size, the "
+        "same rank twice, ports in use)"
+    )
+    assert log[warning + 1].startswith("  fix: under mpiexec run the training script itself")
+    assert log[warning + 2] == f"  seen: {nested[0]}"
+
+
+def test_a_healthy_job_gets_no_warning(backend: KubernetesBackend, double: KubeDouble, scripts: Scripts) -> None:
+    scripts.on("-master-", PodScript(lines=lines_of(["[1,0]<stdout>:epoch 1 loss 0.3"]), exit_code=0))
+    log = Log()
+    JobRunner(backend, make_plan(workers=1), log).run()
+    assert not [line for line in log if "WARNING" in line]

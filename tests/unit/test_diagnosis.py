@@ -38,6 +38,7 @@ SAMPLES: list[tuple[str, Cause]] = [
     ("[1,0]<stderr>:torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", Cause.NESTED_LAUNCHER),
     ("[1,0]<stderr>:horovodrun: error: argument -np is required", Cause.NESTED_LAUNCHER),
     ("[1,0]<stderr>:/etc/mpi/launch.sh: line 371: exec: /app/train: cannot execute: Permission denied", Cause.SCRIPT_WITHOUT_BASH),
+    ("[1,1]<stderr>:/etc/mpi/launch.sh: line 498: /var/tmp/t/train: Permission denied", Cause.SCRIPT_WITHOUT_BASH),
     ("[1,0]<stderr>:/etc/mpi/launch.sh: /app/run: /bin/bash^M: bad interpreter: No such file or directory", Cause.SCRIPT_WITHOUT_BASH),
     ("[1,0]<stderr>:/etc/mpi/launch.sh: line 371: /app/run: cannot execute: required file not found", Cause.SCRIPT_WITHOUT_BASH),
     ("[1,0]<stderr>:/etc/mpi/launch.sh: line 371: /app/run: cannot execute binary file: Exec format error", Cause.SCRIPT_WITHOUT_BASH),
@@ -48,6 +49,8 @@ SAMPLES: list[tuple[str, Cause]] = [
     ("ssh: connect to host job-worker-0.job port 22: Connection refused", Cause.SSHD_NOT_LISTENING),
     ("[airflow-mpi]   job-worker-0.job: port closed: nothing listens on port 22: sshd is not running", Cause.SSHD_NOT_LISTENING),
     ("Host key verification failed.", Cause.HOST_KEY_MISMATCH),
+    ("  w-1.job: host key mismatch: the host answering as w-1.job is not this job's pod", Cause.HOST_KEY_MISMATCH),
+    ("  w-1.job: not resolving: w-1.job has no address (pod not running yet)", Cause.HOST_NOT_RESOLVING),
     ("ssh: Could not resolve hostname job-worker-0.job: Name or service not known", Cause.HOST_NOT_RESOLVING),
 ]  # fmt: skip
 
@@ -60,6 +63,7 @@ ORDINARY = [
     "[1,0]<stdout>:epoch 3 loss 0.1234 acc 0.91",
     "[1,0]<stderr>:INFO:root:using torch.distributed with the gloo backend, world size 3",
     "[1,1]<stderr>:PermissionError: [Errno 13] Permission denied: '/data/checkpoint.pt'",
+    "/etc/mpi/launch.sh: line 68: /run/airflow-mpi/ssh/id_ed25519: Permission denied",  # not a rank's exec
     "[1,0]<stdout>:[INFO] [comm.py:700:init_distributed] Initializing TorchBackend in DeepSpeed with backend gloo",
     "[1,0]<stdout>:Rank 0 launched on host job-master-0",
 ]
