@@ -261,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except SpecError as error:
-        print(f"airflow-mpi: {error}", file=sys.stderr)
+        spec = getattr(args, "spec", None)
+        print(f"airflow-mpi: {spec + ': ' if spec else ''}{error}", file=sys.stderr)
         return 2
     except MPIJobError as error:
         print(f"airflow-mpi: {error}", file=sys.stderr)

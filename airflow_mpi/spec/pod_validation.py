@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,9 @@ from airflow_mpi.spec.quantities import QUANTITY
 if TYPE_CHECKING:
     from airflow_mpi.spec.types import MPIJobSpec
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Label keys airflow-mpi sets on every object of a job (naming.build_job_labels).
+OWNED_LABEL_PREFIXES = ("airflow-mpi.io/", "app.kubernetes.io/")
 PULL_POLICIES = {"Always", "IfNotPresent", "Never"}
 TOLERATION_OPERATORS = {"Equal", "Exists"}
 TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -25,6 +29,15 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("pod.namespace", f"{pod.namespace!r} is not a namespace name", "use a DNS-1123 label"))
     issues += _check_label_map("pod.node_selector", pod.node_selector)
     issues += _check_label_map("pod.labels", pod.labels)
+    for key in pod.labels:
+        if key.startswith(OWNED_LABEL_PREFIXES):
+            issues.append(
+                SpecIssue(
+                    f"pod.labels.{key}",
+                    "is set by airflow-mpi on every object of the job (it finds and removes the job by them)",
+                    "use a label key of your own prefix, e.g. 'team.example.com/owner'",
+                )
+            )
     for key in pod.annotations:
         if not is_qualified_name(key):
             issues.append(SpecIssue(f"pod.annotations.{key}", "is not a valid annotation key", "use [prefix/]name"))
@@ -41,6 +54,22 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
         if toleration.key is None and toleration.operator != "Exists":
             issues.append(
                 SpecIssue(f"{path}.key", "is empty with operator Equal", "give a key, or use operator Exists")
+            )
+        if toleration.key is not None and not is_qualified_name(toleration.key):
+            issues.append(SpecIssue(f"{path}.key", f"{toleration.key!r} is not a taint key", "use [prefix/]name"))
+        if toleration.value is not None and (
+            len(toleration.value) > MAX_DNS_LABEL or not LABEL_VALUE.match(toleration.value)
+        ):
+            issues.append(
+                SpecIssue(f"{path}.value", f"{toleration.value!r} is not a taint value", "use <= 63 of [A-Za-z0-9._-]")
+            )
+        if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
+            issues.append(
+                SpecIssue(
+                    f"{path}.toleration_seconds",
+                    "is set but effect is not NoExecute (Kubernetes refuses that)",
+                    "set effect: NoExecute, or remove toleration_seconds",
+                )
             )
     reserved_mounts = {DEFAULT_PATHS.config_dir, DEFAULT_PATHS.ssh_secret_dir, DEFAULT_PATHS.runtime_dir}
     if pod.shm_size:
@@ -81,6 +110,26 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
             issues.append(
                 SpecIssue(f"{path}.host_path", f"{volume.host_path!r} is not absolute", "use an absolute path")
             )
+        for key in ("mount_path", "host_path", "sub_path"):
+            value = getattr(volume, key)
+            if value is not None and CONTROL.search(value):
+                issues.append(SpecIssue(f"{path}.{key}", f"{value!r} contains a control character", "use a plain path"))
+        if volume.sub_path is not None and (
+            volume.sub_path.startswith("/") or ".." in volume.sub_path.split("/") or not volume.sub_path
+        ):
+            issues.append(
+                SpecIssue(
+                    f"{path}.sub_path",
+                    f"{volume.sub_path!r} is not a relative path inside the volume",
+                    "use a relative path without '..', e.g. 'datasets/digits'",
+                )
+            )
+        for key in ("persistent_volume_claim", "config_map", "secret"):
+            value = getattr(volume, key)
+            if value and not (len(value) <= 253 and DNS_SUBDOMAIN.match(value)):
+                issues.append(
+                    SpecIssue(f"{path}.{key}", f"{value!r} is not an object name", "use the name of an existing one")
+                )
     for index, secret in enumerate(pod.image_pull_secrets):
         if not DNS_SUBDOMAIN.match(secret):
             issues.append(SpecIssue(f"pod.image_pull_secrets[{index}]", f"{secret!r} is not a Secret name", "fix it"))
