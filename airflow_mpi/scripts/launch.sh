@@ -198,7 +198,13 @@ load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x o
   raw=("${MPI_ARGS_RENDERED[@]}")
   MPI_ARGS=()
   for ((i = 0; i < ${#raw[@]}; i++)); do
-    if [[ "${raw[i]}" == "-x" && $((i + 1)) -lt ${#raw[@]} && "${raw[i + 1]}" != *=* ]]; then
+    # mpiexec's options end where the rank wrapper starts: the user's command after it is passed
+    # on untouched, whatever it holds (its own "-x NAME" is not an export).
+    if [[ "${raw[i]}" == bash && "${raw[i + 1]:-}" == */launch.sh && "${raw[i + 2]:-}" == rank ]]; then
+      MPI_ARGS+=("${raw[@]:i}")
+      break
+    fi
+    if [[ "${raw[i]}" == "-x" && $((i + 1)) -lt ${#raw[@]} && "${raw[i + 1]}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
       name="${raw[i + 1]}"
       if [[ -z "${!name+x}" ]]; then
         i=$((i + 1)) # unset here: mpiexec would only warn "could not find environment variable"
