@@ -13,6 +13,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from airflow_mpi.status import FATAL_WAITING_REASONS, pod_state_from_k8s
 
 LOCAL_TIMEOUT = 120.0
 POLL_INTERVAL = 1.0
+DELETE_TIMEOUT = 60.0
 
 
 @dataclass
@@ -101,11 +103,24 @@ def run_image_doctor(core: Any, image: str, namespace: str, timeout: float = 300
             lines.append(f"airflow-mpi doctor: the pod ended before any check ran: {describe_pod_end(pod)}")
         return DoctorReport(f"image {image}", results, [], lines)
     finally:
-        try:
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except Exception as error:  # already gone is fine; anything else is reported, not raised over
-            if getattr(error, "status", None) != 404:
-                print(f"airflow-mpi: could not delete the doctor pod {namespace}/{name}: {error}")
+        _delete(core, name, namespace)
+
+
+def _delete(core: Any, name: str, namespace: str, timeout: float = DELETE_TIMEOUT) -> None:
+    """Delete the pod and wait (bounded) until it is gone; a failure is reported, not raised over
+    the report or the error that got here."""
+    deadline = time.monotonic() + timeout
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        while time.monotonic() < deadline:
+            core.read_namespaced_pod(name, namespace, _preload_content=False)
+            time.sleep(POLL_INTERVAL)
+    except Exception as error:
+        if getattr(error, "status", None) == 404:
+            return  # gone
+        print(f"airflow-mpi: could not delete the doctor pod {namespace}/{name}: {error}", file=sys.stderr)
+        return
+    print(f"airflow-mpi: the doctor pod {namespace}/{name} was still there after {timeout:.0f}s", file=sys.stderr)
 
 
 def _wait_until_ended(core: Any, name: str, namespace: str, timeout: float) -> dict[str, Any]:

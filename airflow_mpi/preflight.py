@@ -25,6 +25,7 @@ ENV_DOCTOR_PORT = "AIRFLOW_MPI_DOCTOR_PORT"
 ENV_DOCTOR_SSHD_CONFIG = "AIRFLOW_MPI_DOCTOR_SSHD_CONFIG"
 ENV_DOCTOR_SSH_CONFIG = "AIRFLOW_MPI_DOCTOR_SSH_CONFIG"
 DOCTOR_PORT = 2222  # in the doctor pod; locally a free port is chosen
+DOCTOR_RUNTIME_DIR = "/run/airflow-mpi-doctor"  # in the doctor pod; locally one per run
 CONTAINER = "doctor"
 
 
@@ -151,7 +152,7 @@ def render_doctor_pod(
 ) -> dict[str, Any]:
     """A pod that runs ``launch.sh doctor`` in ``image`` once, as a job's pods would run (root,
     bash, the image's PATH), and ends; its log holds the check lines."""
-    env = build_doctor_env("/run/airflow-mpi-doctor", DOCTOR_PORT)
+    env = build_doctor_env(DOCTOR_RUNTIME_DIR, DOCTOR_PORT)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -175,8 +176,11 @@ def render_doctor_pod(
                     "image": image,
                     "command": ["bash", "-c", script, "launch.sh", "doctor"],
                     "env": [{"name": key, "value": value} for key, value in sorted(env.items())],
+                    "volumeMounts": [{"name": "doctor-runtime", "mountPath": DOCTOR_RUNTIME_DIR}],
                 }
             ],
+            # As a job pod's /run/airflow-mpi: a memory emptyDir, whose modes the checks then meet.
+            "volumes": [{"name": "doctor-runtime", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}],
         },
     }
 

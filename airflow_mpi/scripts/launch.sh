@@ -443,7 +443,7 @@ run_doctor() {
   [[ "$RUNTIME_DIR" != /run/airflow-mpi ]] || die "doctor: set AIRFLOW_MPI_RUNTIME_DIR to a scratch directory"
   [[ -n "${AIRFLOW_MPI_DOCTOR_SSHD_CONFIG:-}" && -n "${AIRFLOW_MPI_DOCTOR_SSH_CONFIG:-}" ]] ||
     die "doctor: AIRFLOW_MPI_DOCTOR_SSHD_CONFIG and AIRFLOW_MPI_DOCTOR_SSH_CONFIG must hold the rendered configs"
-  trap 'rm -rf "$RUNTIME_DIR"' EXIT
+  trap 'rm -rf "$SSH_DIR" "$RUNTIME_DIR/sshd.log" "$RUNTIME_DIR/sshd.pid"' EXIT # the directory: its owner's
   doctor_checks_tools
   doctor_checks_sshd "${AIRFLOW_MPI_DOCTOR_PORT:-2222}"
   return "$DOCTOR_FAILED"

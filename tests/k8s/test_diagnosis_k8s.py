@@ -95,6 +95,7 @@ def test_deferred_job_whose_worker_sshd_cannot_start_names_the_cause(
     state = task_states(dag_run)["train"]
     left = job_objects(double)
     cause_line = next((line for line in out.splitlines() if "privilege separation directory" in line), "")
+    cause_line = cause_line[cause_line.find("MPI job") :]  # the message, without the log line's prefix
     fault_row("sshd: missing /run/sshd", "kubernetes", "deferrable", state, seconds, cause_line, left)
     assert state == "failed"
     assert "failed: sshd exited: its privilege separation directory /run/sshd does not exist" in out

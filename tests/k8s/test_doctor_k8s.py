@@ -3,6 +3,7 @@ every failure is explained, and the pod is gone afterwards whatever happened."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -61,9 +62,12 @@ def test_an_image_without_orted_on_the_ssh_path_is_explained(
 ) -> None:
     lines = check_lines(orted_over_ssh="bash: line 1: orted: command not found", open_mpi_4="mpiexec (Open MPI) 5.0.3")
     scripts.on("airflow-mpi-doctor-", PodScript(lines=lambda: iter(lines), exit_code=1))
+    started = time.monotonic()
     assert run_doctor() == 1
+    seconds = time.monotonic() - started
     out = capsys.readouterr().out
-    fault_row("orted not on PATH over ssh (doctor)", "kubernetes", "cli", "failed", 0, out.splitlines()[-1], [])
+    cause = next(line.strip() for line in out.splitlines() if line.strip().startswith("cause:"))
+    fault_row("orted not on PATH over ssh (doctor)", "kubernetes", "cli", "failed", seconds, cause, doctor_pods(double))
     assert "  FAIL  orted-over-ssh: bash: line 1: orted: command not found" in out
     assert "cause: orted (Open MPI's daemon) is not on the PATH of a worker's ssh session" in out
     assert "fix: install Open MPI 4.x" in out
