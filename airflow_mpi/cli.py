@@ -3,15 +3,16 @@
 airflow-mpi render SPEC.yaml [--run-id ID] [--namespace NS] [--show-secrets] [--json]
 airflow-mpi validate SPEC.yaml
 airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
-airflow-mpi doctor                          (can this machine run the local backend?)
+airflow-mpi doctor [--local | --image IMAGE] (can this machine, or this image, run a job's pods?)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,59 @@ import yaml
 from airflow_mpi.exceptions import BackendError, JobFailed, MPIJobError, SpecError, SpecIssue
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.spec import MPIJobSpec, build_slot_plan
+from airflow_mpi.spec.formats import CONTROL, is_dns1123_label
 
 
 def load_spec(path: str) -> MPIJobSpec:
-    """Read a YAML or JSON spec file (the same field names as ``MPIJobSpec``)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    """Read a YAML or JSON spec file (the same field names as ``MPIJobSpec``). Every problem,
+    the file's own included, is a ``SpecError`` naming it and the fix."""
+    return MPIJobSpec.from_dict(read_spec_data(path))
+
+
+def read_spec_data(path: str) -> dict[str, Any]:
+    """The mapping in a spec file; a missing, unreadable, empty or non-mapping file is a ``SpecError``."""
+    where = "<stdin>" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([SpecIssue(where, "does not exist", "give the path of a YAML or JSON spec file")]) from None
+    except IsADirectoryError:
+        raise SpecError([SpecIssue(where, "is a directory", "give the path of a YAML or JSON spec file")]) from None
+    except PermissionError:
+        raise SpecError([SpecIssue(where, "cannot be read (permission denied)", "make it readable")]) from None
+    except UnicodeDecodeError as error:
+        raise SpecError(
+            [SpecIssue(where, f"is not UTF-8 text (byte {error.start})", "save the spec as UTF-8 YAML or JSON")]
+        ) from None
+    except OSError as error:
+        raise SpecError([SpecIssue(where, f"cannot be read: {error.strerror}", "check the path")]) from None
+    if not text.strip():
+        raise SpecError([SpecIssue(where, "is empty", "write the job's fields, at least name and command")])
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise SpecError([SpecIssue("<file>", f"{path} is not valid YAML/JSON: {error}")]) from error
-    return MPIJobSpec.from_dict(data if data is not None else {})
+        raise SpecError(
+            [SpecIssue(where, f"is not valid YAML or JSON: {_yaml_problem(error)}", "fix the syntax")]
+        ) from None
+    if not isinstance(data, dict):
+        kind = "a list" if isinstance(data, list) else f"a single value ({type(data).__name__})"
+        raise SpecError(
+            [
+                SpecIssue(
+                    where,
+                    f"holds {kind}, not a mapping of fields",
+                    "write key: value pairs (name: ..., command: [...])",
+                )
+            ]
+        )
+    return data
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """The parser's problem and where, without its internal context dump."""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else str(problem)
 
 
 def cli_identity(spec: MPIJobSpec, args: argparse.Namespace) -> RunIdentity:
@@ -117,17 +161,75 @@ def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | N
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from airflow_mpi.backends.local import LocalBackend, check_prerequisites
+    """The pre-job checks here (``--local``, the default) or in an image (``--image``)."""
+    from airflow_mpi.doctor import run_image_doctor, run_local_doctor
+    from airflow_mpi.preflight import render_doctor_report
 
-    problems = check_prerequisites()
-    if args.clean and not problems:
-        for item in LocalBackend(state_dir=args.state_dir).sweep_orphans():
-            print(f"removed: {item}")
-    for problem in problems:
+    if args.image:
+        from airflow_mpi.backends.kubernetes import KubernetesBackend
+
+        backend = KubernetesBackend(kubernetes_conn_id=args.kubernetes_conn_id, namespace=args.namespace)
+        namespace = backend.namespace_for(MPIJobSpec(name="doctor", command=("true",)))
+        report = run_image_doctor(backend.core, args.image, namespace, timeout=args.timeout)
+    else:
+        report = run_local_doctor()
+        if args.clean and not report.missing:
+            from airflow_mpi.backends.local import LocalBackend
+
+            for item in LocalBackend(state_dir=args.state_dir).sweep_orphans():
+                print(f"removed: {item}")
+    for problem in report.missing:
         print(f"missing: {problem}")
-    if not problems:
+    if not args.image and not report.missing:
         print("ok: this machine can run the local backend (root, iproute2, util-linux, sshd, Open MPI)")
-    return 1 if problems else 0
+    extra = [line for line in report.output if line.startswith("airflow-mpi doctor: the ")]
+    for line in [*render_doctor_report(report.results, f"checks on {report.where}:"), *extra]:
+        print(line)
+    return 0 if report.ok else 1
+
+
+def _text_arg(what: str) -> Callable[[str], str]:
+    """An identity part (run id, dag id, task id): any text on one line."""
+
+    def check(text: str) -> str:
+        if not text.strip() or CONTROL.search(text) or len(text) > 250:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {what}: give 1 to 250 characters on one line, e.g. 'manual'"
+            )
+        return text
+
+    return check
+
+
+def _namespace_arg(text: str) -> str:
+    if not is_dns1123_label(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name: use at most 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+def _image_arg(text: str) -> str:
+    if not text or re.search(r"\s", text) or CONTROL.search(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an image reference: give e.g. 'registry.example/train:1'")
+    return text
+
+
+def _directory_arg(text: str) -> str:
+    if not text.startswith("/") or CONTROL.search(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an absolute path: give e.g. /run/airflow-mpi-local")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,14 +238,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_spec_args(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("spec", help="job spec file (YAML or JSON; '-' for stdin)")
-        sub.add_argument("--run-id", default="manual", help="run id that names the job (default: manual)")
-        sub.add_argument("--dag-id", default="cli", help="dag id of the run identity (default: cli)")
-        sub.add_argument("--task-id", default=None, help="task id of the run identity (default: the spec's name)")
-        sub.add_argument("--try-number", type=int, default=1, help="try number of the run identity")
+        sub.add_argument(
+            "--run-id", default="manual", type=_text_arg("run id"), help="run id that names the job (default: manual)"
+        )
+        sub.add_argument("--dag-id", default="cli", type=_text_arg("dag id"), help="dag id of the run identity")
+        sub.add_argument(
+            "--task-id", default=None, type=_text_arg("task id"), help="task id of the run identity (default: name)"
+        )
+        sub.add_argument("--try-number", type=_positive_int, default=1, help="try number of the run identity")
 
     render = commands.add_parser("render", help="print every Kubernetes object of the job (no cluster needed)")
     add_spec_args(render)
-    render.add_argument("--namespace", default="default", help="namespace when the spec names none")
+    render.add_argument(
+        "--namespace", default="default", type=_namespace_arg, help="namespace when the spec names none"
+    )
     render.add_argument("--show-secrets", action="store_true", help="print the generated keys too")
     render.add_argument("--json", action="store_true", help="a JSON v1 List instead of a YAML stream")
     render.set_defaults(func=cmd_render)
@@ -154,12 +262,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the job on the local backend, output streamed")
     add_spec_args(run)
-    run.add_argument("--state-dir", default=None, help="local backend state directory")
+    run.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
     run.set_defaults(func=cmd_run)
 
-    doctor = commands.add_parser("doctor", help="check this machine for the local backend")
+    doctor = commands.add_parser(
+        "doctor", help="check this machine (--local, the default) or an image (--image) before a job"
+    )
+    where = doctor.add_mutually_exclusive_group()
+    where.add_argument("--local", action="store_true", help="check this machine for the local backend (default)")
+    where.add_argument("--image", type=_image_arg, help="check this image in one short pod on Kubernetes")
+    doctor.add_argument(
+        "--kubernetes-conn-id",
+        default="kubernetes_default",
+        type=_text_arg("connection id"),
+        help="Airflow connection to the cluster (--image)",
+    )
+    doctor.add_argument("--namespace", default=None, type=_namespace_arg, help="namespace of the pod (--image)")
+    doctor.add_argument("--timeout", type=_positive_int, default=300, help="seconds the pod may take (--image)")
     doctor.add_argument("--clean", action="store_true", help="also remove local jobs left by dead owners")
-    doctor.add_argument("--state-dir", default=None, help="local backend state directory")
+    doctor.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
     doctor.set_defaults(func=cmd_doctor)
     return parser
 
@@ -172,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except SpecError as error:
-        print(f"airflow-mpi: {error}", file=sys.stderr)
+        spec = getattr(args, "spec", None)
+        print(f"airflow-mpi: {spec + ': ' if spec else ''}{error}", file=sys.stderr)
         return 2
     except MPIJobError as error:
         print(f"airflow-mpi: {error}", file=sys.stderr)

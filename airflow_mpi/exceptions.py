@@ -69,6 +69,11 @@ class JobNotFound(BackendError):
 class SshdNotReady(LaunchError):
     """Some worker's sshd never accepted the job key within the startup timeout."""
 
+    def __init__(self, message: str, problems: Sequence[str] = (), *, causes: Sequence[str] = ()) -> None:
+        self.problems = tuple(problems)
+        self.causes = tuple(causes)  # diagnosis.Cause values the workers' logs showed
+        super().__init__(message)
+
 
 class JobFailed(MPIJobError):
     """The MPI job ended without success; names the failing pod or rank and what it printed."""
@@ -81,11 +86,13 @@ class JobFailed(MPIJobError):
         pod: str | None = None,
         rank: int | None = None,
         tail: Sequence[str] = (),
+        causes: Sequence[str] = (),
     ) -> None:
         self.exit_code = exit_code
         self.pod = pod
         self.rank = rank
         self.tail = tuple(tail)
+        self.causes = tuple(causes)  # diagnosis.Cause values recognised in the pods' output
         super().__init__(message)
 
 

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_mpi.backends.base import Backend, ReattachableBackend
+from airflow_mpi.diagnosis import Cause, Diagnosis, EvidenceCollector, diagnose, explain, merge_diagnoses
 from airflow_mpi.events import STATUS_ERROR, STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import (
     BackendRequestFailed,
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.5  # how often workers are checked while the master runs
 TIMEOUT_GRACE = 3.0  # mpiexec --timeout reports first; past this the task side kills the job
+# Causes that can go unnoticed: a nested launcher on CPUs gives every rank its own world of one,
+# and the job "succeeds" having trained N separate models.
+WARN_ON_SUCCESS = frozenset({Cause.NESTED_LAUNCHER})
+DIAGNOSED_PODS = 8  # worker logs read to explain a readiness failure (each is one small read)
 
 
 @dataclass(frozen=True)
@@ -75,21 +80,48 @@ def wait_for_sshd(
             return report.probes
         waited = time.monotonic() - start
         if waited >= timeout:
-            raise SshdNotReady(summarize_not_ready(report.probes, waited, port))
+            failing = [p for p in report.probes if not p.ok]
+            raise build_not_ready_error(
+                backend,
+                job_name,
+                summarize_not_ready(report.probes, waited, port),
+                [probe.host.split(".", 1)[0] for probe in failing],
+                [probe.describe(port) for probe in failing],
+            )
         # Kubernetes wakes this at the next pod event; locally it is a plain back-off sleep.
         backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
         delay = min(delay * 1.5, 1.0)
 
 
-def worker_failure(backend: Backend, job_name: str, status: JobStatus, when: str) -> JobFailed:
-    """A worker pod ended (or could not start) ``when``: its cause and the last lines it printed."""
+def worker_failure(
+    backend: Backend, job_name: str, status: JobStatus, when: str, evidence: Sequence[Diagnosis] = ()
+) -> JobFailed:
+    """A pod (not the master's mpiexec) ended the job ``when``: the cause its log shows and the
+    fix first, then its reason and last lines. ``evidence``: causes already seen in the master's output."""
     pod = status.failed_pod
     tail = backend.pod_log_tail(job_name, pod, TAIL_LINES) if pod else []
+    lead = f"MPI job {job_name} failed{' ' + when if when else ''}: "
+    diagnoses = merge_diagnoses(diagnose(tail), list(evidence))
     return JobFailed(
-        f"MPI job {job_name} failed {when}: {status.reason}" + format_tail(pod or "", tail),
+        explain(lead, diagnoses, f"{lead}{status.reason}" + format_tail(pod or "", tail)),
         exit_code=status.exit_code,
         pod=pod,
         tail=tail,
+        causes=[d.cause.value for d in diagnoses],
+    )
+
+
+def build_not_ready_error(
+    backend: Backend, job_name: str, summary: str, pods: Sequence[str], problems: Sequence[str]
+) -> SshdNotReady:
+    """Workers never accepted ssh: a line per host, led by the cause: what the workers' own logs
+    show first (sshd prints why it refuses a key or will not start), else what the probes saw."""
+    lines = [line for pod in pods[:DIAGNOSED_PODS] for line in backend.pod_log_tail(job_name, pod, TAIL_LINES)]
+    diagnoses = merge_diagnoses(diagnose(lines), diagnose(summary.splitlines()))
+    return SshdNotReady(
+        explain(f"MPI job {job_name}: workers never accepted ssh: ", diagnoses, summary),
+        problems,
+        causes=[d.cause.value for d in diagnoses],
     )
 
 
@@ -135,6 +167,7 @@ class JobRunner:
         self.plan = plan
         self.emit = emit
         self.output = OutputTracker()
+        self.evidence = EvidenceCollector()  # known causes seen in the master's output
         self.marks: dict[str, float] = dict(marks or {})  # phase -> epoch seconds
         self.skip_lines = skip_lines  # master lines an earlier try already showed (reattach)
         self.on_progress = on_progress  # called with the number of master lines shown so far
@@ -215,6 +248,9 @@ class JobRunner:
         self.emit(f"airflow-mpi: job {plan.job_name} {status.phase.value}")
         if status.phase is not JobPhase.SUCCEEDED:
             raise self._failure(status)
+        for diagnosis in self.evidence.diagnoses():
+            if diagnosis.cause in WARN_ON_SUCCESS:
+                self.emit(explain("airflow-mpi: WARNING: the job succeeded, but ", [diagnosis], "").rstrip("\n"))
         return self.result()
 
     def result(self) -> JobResult:
@@ -242,6 +278,7 @@ class JobRunner:
         for batch in self.backend.follow_master(self.job_name, idle_tick=0.1):
             if batch:
                 self.output.feed(batch)
+                self.evidence.feed(batch)
                 if shown < self.skip_lines:  # an earlier try showed these already
                     skipped = min(len(batch), self.skip_lines - shown)
                     shown += skipped
@@ -258,11 +295,14 @@ class JobRunner:
                 next_watch = now + WATCH_INTERVAL
                 status = evaluate_job(self.backend.pod_states(self.job_name))
                 if status.phase is JobPhase.FAILED and status.failed_pod != self.plan.master.name:
-                    raise worker_failure(self.backend, self.job_name, status, "while training")
+                    raise self._worker_failure(status)
         status = evaluate_job(self.backend.pod_states(self.job_name))
         if time.monotonic() >= deadline:
             self.output.timed_out = True
         return status
+
+    def _worker_failure(self, status: JobStatus) -> JobFailed:
+        return worker_failure(self.backend, self.job_name, status, "while training", self.evidence.diagnoses())
 
     def timeout_failure(
         self, tail: Sequence[str], *, by_mpiexec: bool = False, exit_code: int | None = None
@@ -285,7 +325,8 @@ class JobRunner:
             cause = BackendUnreachable if event.get("unreachable") else BackendRequestFailed
             return cause(event.get("reason", ""))
         if status == STATUS_TIMEOUT and wait_for == WAIT_READY:
-            return SshdNotReady(event.get("reason", ""))
+            workers = [worker.name for worker in self.plan.workers]
+            return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])
         if status == STATUS_TIMEOUT:
             return self.timeout_failure(self.backend.pod_log_tail(self.job_name, self.plan.master.name, TAIL_LINES))
         if status == STATUS_FAILED and event.get("pod") != self.plan.master.name:
@@ -299,9 +340,11 @@ class JobRunner:
         mpiexec names, or the master itself."""
         plan, out = self.plan, self.output
         if status.failed_pod and status.failed_pod != plan.master.name:
-            return worker_failure(self.backend, self.job_name, status, "while training")
+            return self._worker_failure(status)
         if out.timed_out:
             return self.timeout_failure(out.tail, by_mpiexec=True, exit_code=status.exit_code)
+        self.evidence.feed(out.tail, every_line=True)
+        lead = f"MPI job {self.job_name} failed: "
         rank = out.failed_rank
         if rank is not None:
             pods = build_rank_pods(plan.spec, plan.topology)
@@ -314,20 +357,29 @@ class JobRunner:
                 else "failed"
             )
             tail = out.rank_tail(rank) or out.tail[-TAIL_LINES:]
+            self.evidence.feed(tail, every_line=True)
+            diagnoses = self.evidence.diagnoses()
             return JobFailed(
-                f"MPI job {self.job_name} failed: rank {rank}{where} {cause} (mpiexec exit code "
-                f"{status.exit_code})" + format_tail(f"rank {rank}", tail),
+                explain(
+                    lead,
+                    diagnoses,
+                    f"{lead}rank {rank}{where} {cause} (mpiexec exit code {status.exit_code})"
+                    + format_tail(f"rank {rank}", tail),
+                ),
                 exit_code=out.failed_exit_code if out.failed_exit_code is not None else status.exit_code,
                 pod=pods[rank] if rank < len(pods) else plan.master.name,
                 rank=rank,
                 tail=tail,
+                causes=[d.cause.value for d in diagnoses],
             )
         tail = out.tail[-TAIL_LINES:]
+        diagnoses = self.evidence.diagnoses()
         return JobFailed(
-            f"MPI job {self.job_name} failed: {status.reason}" + format_tail(plan.master.name, tail),
+            explain(lead, diagnoses, f"{lead}{status.reason}" + format_tail(plan.master.name, tail)),
             exit_code=status.exit_code,
             pod=plan.master.name,
             tail=tail,
+            causes=[d.cause.value for d in diagnoses],
         )
 
 

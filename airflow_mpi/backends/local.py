@@ -14,6 +14,7 @@ Several jobs at once get separate names, bridges and subnets.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import select
@@ -38,6 +39,7 @@ from airflow_mpi.spec import Role
 from airflow_mpi.ssh import KEY_DIR_MODE, KEY_FILE_MODE, build_ssh_probe_argv
 from airflow_mpi.status import PodPhase, PodState
 
+log = logging.getLogger(__name__)
 DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
 REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "ssh", "mpiexec", "bash")
 SSHD = "/usr/sbin/sshd"
@@ -101,6 +103,7 @@ class LocalBackend:
         if problems:
             raise BackendUnavailable("the local backend cannot run here; missing: " + "; ".join(problems))
         self._check_supported(plan)
+        _warn_about_gpus(plan)
         sandboxes.sweep(self.state_dir, keep=list(self._sandboxes))
         self.teardown(plan.job_name)  # an earlier attempt of this very job
         meta = {"ssh_port": plan.spec.ssh_port, "ssh_user": _user_name(plan)}
@@ -369,6 +372,21 @@ def _check_run_as(plan: JobPlan) -> list[SpecIssue]:
             )
         ]
     return []
+
+
+def _warn_about_gpus(plan: JobPlan) -> None:
+    """A GPU spec runs here on CPUs, with the ranks and hosts Kubernetes would give it: say so in
+    the task log (a dev loop for a GPU job; docs: README, the local backend)."""
+    master, workers = plan.spec.master.gpus, plan.spec.workers.gpus
+    if master or workers:
+        log.warning(
+            "the local backend has no GPUs: ranks run on CPUs; slots follow the GPU counts (master %d, "
+            "workers %d per pod), so job %s runs %d rank(s) on the hosts Kubernetes would give it",
+            master,
+            workers,
+            plan.job_name,
+            plan.topology.np,
+        )
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:

@@ -28,7 +28,7 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_mpi.backends.base import Backend, DeferrableBackend
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
-from airflow_mpi.exceptions import BackendUnavailable, SpecError
+from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import render_plan
@@ -65,12 +65,17 @@ class MPIJobOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if isinstance(job, MPIJobSpec):
-            job = job.validated().to_dict()
-        elif not isinstance(job, Mapping):
-            raise TypeError(f"job must be an MPIJobSpec or a dict, not {type(job).__name__}")
-        elif "{{" not in json.dumps(job, default=str):
-            MPIJobSpec.from_dict(job)  # no templates: a bad spec fails the DAG import, not a run
+        issues = check_operator_arguments(job, mpi_conn_id, deferrable, reattach)
+        if isinstance(job, MPIJobSpec | Mapping):
+            try:  # no templates: a bad spec fails the DAG import, not a run
+                job = job.validated().to_dict() if isinstance(job, MPIJobSpec) else job
+                if "{{" not in json.dumps(job, default=str):
+                    MPIJobSpec.from_dict(job)
+            except SpecError as error:
+                issues += error.issues
+        if issues:
+            raise SpecError(issues)
+        assert isinstance(job, Mapping)
         self.job = dict(job)
         self.mpi_conn_id = mpi_conn_id
         self.deferrable = deferrable
@@ -241,6 +246,23 @@ class _Progress:
                 self.store.delete(PROGRESS_KEY)
             except Exception:
                 self.store = None
+
+
+def check_operator_arguments(job: object, mpi_conn_id: object, deferrable: object, reattach: object) -> list[SpecIssue]:
+    """The operator's own arguments: the kind of ``job`` and the types of the rest."""
+    issues = []
+    if not isinstance(job, MPIJobSpec | Mapping):
+        issues.append(
+            SpecIssue("job", f"is {type(job).__name__} {job!r:.60}", "give an MPIJobSpec or a dict of its fields")
+        )
+    if not isinstance(mpi_conn_id, str) or not mpi_conn_id.strip() or "\n" in mpi_conn_id:
+        issues.append(
+            SpecIssue("mpi_conn_id", f"is {mpi_conn_id!r:.60}", "give an Airflow connection id, e.g. 'mpi_default'")
+        )
+    for name, value in (("deferrable", deferrable), ("reattach", reattach)):
+        if not isinstance(value, bool):
+            issues.append(SpecIssue(name, f"is {value!r:.60}, not True or False", f"pass {name}=True or False"))
+    return issues
 
 
 def run_identity(context: Context) -> RunIdentity:

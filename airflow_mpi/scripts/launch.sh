@@ -10,6 +10,7 @@
 #   launch.sh rank CMD...   what mpiexec starts on every slot: sets RANK, WORLD_SIZE, LOCAL_RANK,
 #                           LOCAL_WORLD_SIZE, NODE_RANK from OMPI_COMM_WORLD_*, then execs CMD
 #   launch.sh check-hosts   one ssh login to every rank host, with a reason per failing host
+#   launch.sh doctor        check that this image can run a job's pods (airflow-mpi doctor)
 #
 # AIRFLOW_MPI_DRY_RUN=1 prints what would be exec'd and exits 0 (no sshd, no waiting).
 # The Python renderer (airflow_mpi.topology / mpirun) computes the same hosts and command line;
@@ -46,15 +47,37 @@ require_count() { # name value: a whole number >= 0
 # --- worker ----------------------------------------------------------------------------------
 
 run_worker() {
+  sshd_session_env
   if [[ "${AIRFLOW_MPI_DRY_RUN:-0}" == 1 ]]; then
-    printf 'exec %q -D -e -f %q\n' "$SSHD" "$SSH_DIR/sshd_config"
+    printf 'exec'
+    printf ' %q' "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config"
+    printf '\n'
     return 0
   fi
   local who=""
   ((EUID == 0)) || who=" as $(id -un 2>/dev/null || echo "uid $EUID") (uid $EUID)"
   log "Starting MPI worker ${GJ_TRAINING_POD_NAME}: sshd on port ${AIRFLOW_MPI_SSH_PORT:-22}${who}"
   install_ssh
-  exec "$SSHD" -D -e -f "$SSH_DIR/sshd_config"
+  exec "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config"
+}
+
+# sshd gives the sessions it starts a fixed PATH, not the pod's; mpiexec starts orted on every
+# worker through such a session, so an image with Open MPI elsewhere on its PATH would fail with
+# "orted: command not found" (docs/contract.md#orted-command-not-found). Sessions get the pod's
+# PATH and LD_LIBRARY_PATH instead (when they are plain paths sshd_config can carry).
+sshd_session_env() { # sets SSHD_ENV_ARGS
+  local name value
+  local -a pairs=()
+  SSHD_ENV_ARGS=()
+  for name in PATH LD_LIBRARY_PATH; do
+    value="${!name:-}"
+    if [[ -n "$value" && "$value" =~ ^[A-Za-z0-9_./:+@%,=-]+$ ]]; then
+      pairs+=("$name=$value")
+    fi
+  done
+  if ((${#pairs[@]})); then
+    SSHD_ENV_ARGS=(-o "SetEnv ${pairs[*]}")
+  fi
 }
 
 install_ssh() {
@@ -205,7 +228,13 @@ load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x o
   raw=("${MPI_ARGS_RENDERED[@]}")
   MPI_ARGS=()
   for ((i = 0; i < ${#raw[@]}; i++)); do
-    if [[ "${raw[i]}" == "-x" && $((i + 1)) -lt ${#raw[@]} && "${raw[i + 1]}" != *=* ]]; then
+    # mpiexec's options end where the rank wrapper starts: the user's command after it is passed
+    # on untouched, whatever it holds (its own "-x NAME" is not an export).
+    if [[ "${raw[i]}" == bash && "${raw[i + 1]:-}" == */launch.sh && "${raw[i + 2]:-}" == rank ]]; then
+      MPI_ARGS+=("${raw[@]:i}")
+      break
+    fi
+    if [[ "${raw[i]}" == "-x" && $((i + 1)) -lt ${#raw[@]} && "${raw[i + 1]}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
       name="${raw[i + 1]}"
       if [[ -z "${!name+x}" ]]; then
         i=$((i + 1)) # unset here: mpiexec would only warn "could not find environment variable"
@@ -310,7 +339,8 @@ run_master() {
   fi
 
   install_ssh
-  "$SSHD" -D -e -f "$SSH_DIR/sshd_config" 2>>"$RUNTIME_DIR/sshd.log" &
+  sshd_session_env
+  "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config" 2>>"$RUNTIME_DIR/sshd.log" &
   if ((${#RANK_HOSTS[@]})); then
     log "waiting for sshd on ${#RANK_HOSTS[@]} host(s)"
     wait_for_hosts "${RANK_HOSTS[@]}"
@@ -327,6 +357,126 @@ check_hosts() {
   done
   ((${#FAILED_HOSTS[@]} == 0)) && echo "all ${#RANK_HOSTS[@]} host(s) accept ssh"
   ((${#FAILED_HOSTS[@]} == 0))
+}
+
+# --- doctor: can this image (or this machine) run a job's pods? -------------------------------
+
+# One line per check: "airflow-mpi doctor: <check>: ok|FAIL|skip: <detail>", in the order of
+# airflow_mpi.preflight.CHECKS (a test compares). airflow-mpi doctor runs this in a pod of the
+# image (--image) or here (--local) with the job's sshd_config and ssh_config rendered for a
+# scratch $RUNTIME_DIR, and explains every FAIL; each FAIL's detail carries the words a failing
+# job would print, so the same diagnosis reads it.
+doctor_line() { # check status detail
+  printf 'airflow-mpi doctor: %s: %s: %s\n' "$1" "$2" "$3"
+  [[ "$2" != FAIL ]] || DOCTOR_FAILED=1
+}
+
+doctor_checks_tools() {
+  local path version out
+  if path=$(command -v mpiexec); then
+    doctor_line mpiexec ok "$path"
+    version=$(mpiexec --version 2>&1 | head -n 1 || true)
+    if [[ "$version" =~ [[:space:]]4\.[0-9]+ ]]; then
+      doctor_line open-mpi-4 ok "$version"
+    else
+      doctor_line open-mpi-4 FAIL "mpiexec --version says '$version': the job's options are Open MPI 4's"
+    fi
+    if ((EUID != 0)); then
+      doctor_line mpiexec-as-root skip "not running as root"
+    elif out=$(timeout 60 mpiexec --allow-run-as-root --oversubscribe -np 1 true 2>&1); then
+      doctor_line mpiexec-as-root ok "mpiexec --allow-run-as-root -np 1 true"
+    else
+      doctor_line mpiexec-as-root FAIL "$(printf '%s' "$out" | grep -v '^-*$' | head -n 3 | tr '\n' ' ')"
+    fi
+  else
+    doctor_line mpiexec FAIL "mpiexec: not found on PATH=$PATH"
+    doctor_line open-mpi-4 skip "no mpiexec"
+    doctor_line mpiexec-as-root skip "no mpiexec"
+  fi
+  if path=$(command -v orted); then
+    doctor_line orted ok "$path"
+  else
+    doctor_line orted FAIL "orted: not found on PATH=$PATH"
+  fi
+  if path=$(command -v ssh); then
+    doctor_line ssh ok "$path"
+  else
+    doctor_line ssh FAIL "ssh: not found on PATH=$PATH (the master needs the OpenSSH client)"
+  fi
+  if [[ -x "$SSHD" ]]; then
+    doctor_line sshd ok "$SSHD"
+  else
+    doctor_line sshd FAIL "$SSHD: No such file or directory"
+  fi
+  if [[ -d /run/sshd ]]; then
+    doctor_line run-sshd ok "/run/sshd exists"
+  elif out=$(mkdir -p /run/sshd 2>&1 && chmod 0755 /run/sshd 2>&1); then
+    doctor_line run-sshd ok "/run/sshd created (the launch script creates it too)"
+  else
+    doctor_line run-sshd FAIL "Missing privilege separation directory: /run/sshd cannot be created: $out"
+  fi
+}
+
+doctor_checks_sshd() { # the job's sshd and ssh, on 127.0.0.1:$port in a scratch directory
+  local port="$1" out sshd_pid i
+  if ! command -v ssh-keygen >/dev/null || [[ ! -x "$SSHD" ]] || ! command -v ssh >/dev/null; then
+    for i in sshd-config ssh-login orted-over-ssh; do
+      doctor_line "$i" skip "needs sshd, ssh and ssh-keygen"
+    done
+    return 0
+  fi
+  umask 077
+  mkdir -p "$SSH_DIR"
+  chmod 0755 "$RUNTIME_DIR"
+  chmod 0700 "$SSH_DIR"
+  ssh-keygen -q -t ed25519 -N '' -C airflow-mpi-doctor -f "$SSH_DIR/ssh_host_ed25519_key"
+  ssh-keygen -q -t ed25519 -N '' -C airflow-mpi-doctor -f "$SSH_DIR/id_ed25519"
+  printf 'restrict %s\n' "$(cat "$SSH_DIR/id_ed25519.pub")" >"$SSH_DIR/authorized_keys"
+  printf '[127.0.0.1]:%s %s\n' "$port" "$(cut -d ' ' -f 1,2 "$SSH_DIR/ssh_host_ed25519_key.pub")" \
+    >"$SSH_DIR/known_hosts"
+  printf '%s\n' "$AIRFLOW_MPI_DOCTOR_SSHD_CONFIG" >"$SSH_DIR/sshd_config"
+  printf '%s\n' "$AIRFLOW_MPI_DOCTOR_SSH_CONFIG" >"$SSH_DIR/ssh_config"
+  chmod 0600 "$SSH_DIR"/*
+  umask 022
+  if out=$("$SSHD" -t -f "$SSH_DIR/sshd_config" 2>&1); then
+    doctor_line sshd-config ok "sshd -t accepts the job's sshd_config"
+  else
+    doctor_line sshd-config FAIL "$(printf '%s' "$out" | tail -n 2 | tr '\n' ' ')"
+  fi
+  sshd_session_env
+  "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config" -o ListenAddress=127.0.0.1 \
+    2>>"$RUNTIME_DIR/sshd.log" &
+  sshd_pid=$!
+  for ((i = 0; i < 50; i++)); do
+    out=$(probe_host 127.0.0.1) && break
+    kill -0 "$sshd_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ((i < 50)) && [[ -z "$out" ]]; then
+    doctor_line ssh-login ok "sshd accepts the job key on 127.0.0.1:$port"
+    if out=$(ssh -F "$SSH_DIR/ssh_config" 127.0.0.1 'command -v orted || echo "orted: command not found (PATH=$PATH)"' \
+      2>&1 </dev/null) && [[ "$out" == /* ]]; then
+      doctor_line orted-over-ssh ok "$out"
+    else
+      doctor_line orted-over-ssh FAIL "$(printf '%s' "$out" | tail -n 1)"
+    fi
+  else
+    doctor_line ssh-login FAIL "${out:-sshd ended}: $(tail -n 2 "$RUNTIME_DIR/sshd.log" 2>/dev/null | tr '\n' ' ')"
+    doctor_line orted-over-ssh skip "no ssh login"
+  fi
+  kill "$sshd_pid" 2>/dev/null || true
+  wait "$sshd_pid" 2>/dev/null || true
+}
+
+run_doctor() {
+  DOCTOR_FAILED=0
+  [[ "$RUNTIME_DIR" != /run/airflow-mpi ]] || die "doctor: set AIRFLOW_MPI_RUNTIME_DIR to a scratch directory"
+  [[ -n "${AIRFLOW_MPI_DOCTOR_SSHD_CONFIG:-}" && -n "${AIRFLOW_MPI_DOCTOR_SSH_CONFIG:-}" ]] ||
+    die "doctor: AIRFLOW_MPI_DOCTOR_SSHD_CONFIG and AIRFLOW_MPI_DOCTOR_SSH_CONFIG must hold the rendered configs"
+  trap 'rm -rf "$SSH_DIR" "$RUNTIME_DIR/sshd.log" "$RUNTIME_DIR/sshd.pid"' EXIT # the directory: its owner's
+  doctor_checks_tools
+  doctor_checks_sshd "${AIRFLOW_MPI_DOCTOR_PORT:-2222}"
+  return "$DOCTOR_FAILED"
 }
 
 # --- rank wrapper ----------------------------------------------------------------------------
@@ -396,6 +546,9 @@ main() {
         GJ_TRAINING_WORKER_GPU_LIMIT GJ_TRAINING_WORKER_REPLICAS
       check_hosts
       ;;
+    doctor)
+      run_doctor
+      ;;
     "")
       require_env GJ_TRAINING_ROLE GJ_TRAINING_POD_NAME GJ_TRAINING_VC_JOB_NAME
       case "$GJ_TRAINING_ROLE" in
@@ -408,7 +561,7 @@ main() {
         *) die "GJ_TRAINING_ROLE=$GJ_TRAINING_ROLE is neither master nor worker" ;;
       esac
       ;;
-    *) die "unknown command '$1' (use: rank CMD..., check-hosts, or no argument)" ;;
+    *) die "unknown command '$1' (use: rank CMD..., check-hosts, doctor, or no argument)" ;;
   esac
 }
 

@@ -15,16 +15,21 @@ MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]\Z")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+# Control characters: never in a name, path, option or argument value (newlines split config lines).
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_DNS_SUBDOMAIN = 253
 # Kubernetes allows 256 KiB of annotations (keys and values) per object; the run identity's take
 # up to 3 x 250 characters, kept free here.
 MAX_ANNOTATION_BYTES = 256 * 1024 - 4096
-# activeDeadlineSeconds is a 32-bit integer in Kubernetes.
-MAX_POD_DEADLINE_SECONDS = 2**31 - 1
 
 
 def is_dns_label(text: str) -> bool:
     return len(text) <= MAX_DNS_LABEL and bool(DNS_LABEL.match(text))
+
+
+def is_dns1123_label(text: str) -> bool:
+    """A namespace name: at most 63 of [a-z0-9-], starting and ending with a letter or digit."""
+    return len(text) <= MAX_DNS_LABEL and bool(DNS1123_LABEL.match(text))
 
 
 def is_qualified_name(key: str) -> bool:

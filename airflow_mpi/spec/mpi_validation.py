@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from airflow_mpi.contract import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from airflow_mpi.exceptions import SpecIssue
-from airflow_mpi.spec.formats import ENV_NAME, MCA_NAME
+from airflow_mpi.spec.formats import CONTROL, ENV_NAME, MCA_NAME
 
 if TYPE_CHECKING:
     from airflow_mpi.spec.types import MPIJobSpec
@@ -43,13 +43,18 @@ OWNED_FLAGS = {
 }
 
 
+MAX_RANKS = 65536  # mpi.np and mpi.npernode, oversubscribed or not
+
+
 def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
     mpi = spec.mpi
     issues = []
-    if mpi.np is not None and mpi.np < 1:
-        issues.append(SpecIssue("mpi.np", f"is {mpi.np}", "use at least 1, or leave it out to use every slot"))
-    if mpi.npernode is not None and mpi.npernode < 1:
-        issues.append(SpecIssue("mpi.npernode", f"is {mpi.npernode}", "use at least 1, or leave it out"))
+    for key in ("np", "npernode"):
+        value = getattr(mpi, key)
+        if value is not None and value < 1:
+            issues.append(SpecIssue(f"mpi.{key}", f"is {value}", "use at least 1, or leave it out to use every slot"))
+        elif value is not None and value > MAX_RANKS:
+            issues.append(SpecIssue(f"mpi.{key}", f"is {value}", f"use at most {MAX_RANKS}, or leave it out"))
     if mpi.bind_to not in BIND_TO:
         issues.append(
             SpecIssue("mpi.bind_to", f"{mpi.bind_to!r} is not an Open MPI binding", f"use one of {sorted(BIND_TO)}")
@@ -87,18 +92,28 @@ def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
         value = getattr(mpi, key)
         if value is not None and not value.startswith("/"):
             issues.append(SpecIssue(f"mpi.{key}", f"{value!r} is not an absolute path", "use a path inside the pod"))
+        elif value is not None and CONTROL.search(value):
+            issues.append(SpecIssue(f"mpi.{key}", f"{value!r} contains a control character", "use a plain path"))
     for name, value in mpi.mca.items():
         path = f"mpi.mca.{name}"
         if not MCA_NAME.match(name):
             issues.append(SpecIssue(path, "is not an MCA parameter name", "use e.g. btl_tcp_if_include"))
         elif name in OWNED_MCA:
             issues.append(SpecIssue(path, f"is set by airflow-mpi: {OWNED_MCA[name]}", "remove it"))
-        if not isinstance(value, str) or not value or "\0" in value:
-            issues.append(SpecIssue(path, f"value {value!r} must be a non-empty string", "quote it"))
+        if not isinstance(value, str) or not value or CONTROL.search(value):
+            issues.append(
+                SpecIssue(path, f"value {value!r} must be a non-empty string on one line", "quote it, e.g. '1'")
+            )
     for index, arg in enumerate(mpi.extra_args):
         path = f"mpi.extra_args[{index}]"
-        if "\0" in arg:
-            issues.append(SpecIssue(path, "contains a NUL byte", "remove it"))
+        if CONTROL.search(arg) or not arg.strip():
+            issues.append(
+                SpecIssue(
+                    path,
+                    f"{arg!r} is empty or contains a newline or control character; no mpiexec option does",
+                    "give each option and each value as its own item, e.g. ['--report-bindings']",
+                )
+            )
             continue
         flag = arg.split("=", 1)[0]
         if flag in OWNED_FLAGS:

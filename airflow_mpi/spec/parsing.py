@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
+import shlex
 import types
 import typing
 from collections.abc import Mapping
@@ -21,16 +23,21 @@ T = TypeVar("T")
 
 
 def parse_dataclass(cls: type[T], data: object, path: str, issues: list[SpecIssue]) -> T | None:
-    """``cls`` built from a mapping, or ``None``; every problem is appended to ``issues``."""
+    """``cls`` built from a mapping, or ``None`` when ``data`` is not one; every problem is
+    appended to ``issues``. A required field that is missing or mistyped gets an empty stand-in
+    (reported, and skipped by the rules), so the other fields are still checked and every
+    problem is listed at once."""
     where = path or "<spec>"
     if not isinstance(data, Mapping):
-        issues.append(SpecIssue(where, f"must be a mapping, got {type(data).__name__}", "use key: value pairs"))
+        got = _kind_of(data) if data is None else f"{_kind_of(data)} {_shown(data)}"
+        issues.append(SpecIssue(where, f"must be a mapping, got {got}", "use key: value pairs"))
         return None
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        field_path = f"{path}.{key}" if path else str(key)
+        name = str(key) if str(key).strip() and str(key) == str(key).strip() else repr(key)  # '' stays visible
+        field_path = f"{path}.{name}" if path else name
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             fix = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(fields)}"
@@ -40,18 +47,47 @@ def parse_dataclass(cls: type[T], data: object, path: str, issues: list[SpecIssu
         if ok:
             kwargs[key] = parsed
     for name, spec_field in fields.items():
-        if (
-            name not in data
-            and spec_field.default is dataclasses.MISSING
-            and spec_field.default_factory is dataclasses.MISSING
-        ):
-            issues.append(SpecIssue(f"{path}.{name}" if path else name, "is required", "add it"))
-            return None
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as error:  # a required field was mistyped and dropped
-        issues.append(SpecIssue(where, str(error)))
-        return None
+        required = spec_field.default is dataclasses.MISSING and spec_field.default_factory is dataclasses.MISSING
+        if not required or name in kwargs:
+            continue
+        if name not in data:
+            issues.append(
+                SpecIssue(f"{path}.{name}" if path else name, "is required", f"add it ({_type_name(hints[name])})")
+            )
+        kwargs[name] = _stand_in(hints[name])
+    return cls(**kwargs)
+
+
+def _stand_in(hint: Any) -> Any:
+    """An empty value of a required field's type, for checking the rest of a broken spec."""
+    if typing.get_origin(hint) is tuple:
+        return ()
+    return {str: "", int: 0, float: 0.0, bool: False}.get(hint, "")
+
+
+def _kind_of(value: object) -> str:
+    """What a YAML/JSON value is, in the words of those formats (not Python's type names)."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"a {type(value).__name__} value"
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """A value as the user wrote it in YAML/JSON (null, true), cut to ``limit`` characters."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _parse_value(hint: Any, value: object, path: str, issues: list[SpecIssue]) -> tuple[bool, Any]:
@@ -80,8 +116,11 @@ def _parse_value(hint: Any, value: object, path: str, issues: list[SpecIssue]) -
             issues.append(SpecIssue(path, f"{value!r} is not one of {choices}", f"use one of {choices}"))
             return False, None
     if origin is tuple:
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            issues.append(SpecIssue(path, f"must be a list, got {type(value).__name__}", "use a YAML/JSON list"))
+        if isinstance(value, str):
+            issues.append(SpecIssue(path, f"must be a list, got the string {_shown(value)}", _as_list_fix(value)))
+            return False, None
+        if not isinstance(value, list | tuple):
+            issues.append(SpecIssue(path, f"must be a list, got {_kind_of(value)}", "use a YAML/JSON list"))
             return False, None
         items = []
         all_ok = True
@@ -92,7 +131,7 @@ def _parse_value(hint: Any, value: object, path: str, issues: list[SpecIssue]) -
         return all_ok, tuple(items)
     if origin is Mapping or hint is Mapping:
         if not isinstance(value, Mapping):
-            issues.append(SpecIssue(path, f"must be a mapping, got {type(value).__name__}", "use key: value pairs"))
+            issues.append(SpecIssue(path, f"must be a mapping, got {_kind_of(value)}", "use key: value pairs"))
             return False, None
         result = {}
         all_ok = True
@@ -119,8 +158,22 @@ def _parse_value(hint: Any, value: object, path: str, issues: list[SpecIssue]) -
             return True, value
     else:
         raise TypeError(f"unsupported spec type {hint!r} at {path}")
-    issues.append(SpecIssue(path, f"{value!r} is not {_type_name(hint)}", f"give {_type_name(hint)}"))
+    fix = f"give {_type_name(hint)}"
+    if hint is str and isinstance(value, int | float) and not isinstance(value, bool):
+        fix = f"quote it: '{value}'"
+    issues.append(SpecIssue(path, f"{_shown(value)} is not {_type_name(hint)}", fix))
     return False, None
+
+
+def _as_list_fix(text: str) -> str:
+    """A list written as one string: show it split, as the shell would (never run by one)."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    if len(words) > 1 and len(text) <= 200:
+        return f"write one list item per argument, e.g. {json.dumps(words)}"
+    return "use a YAML/JSON list, one item per argument"
 
 
 def _type_name(hint: Any) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from airflow_mpi.contract import DEFAULT_PATHS, MAX_DNS_LABEL
 from airflow_mpi.exceptions import SpecIssue
 from airflow_mpi.spec.formats import (
+    CONTROL,
     DNS1123_LABEL,
     DNS_SUBDOMAIN,
     MAX_ANNOTATION_BYTES,
@@ -21,6 +22,8 @@ from airflow_mpi.spec.quantities import QUANTITY
 if TYPE_CHECKING:
     from airflow_mpi.spec.types import MPIJobSpec
 
+# Label keys airflow-mpi sets on every object of a job (naming.build_job_labels).
+OWNED_LABEL_PREFIXES = ("airflow-mpi.io/", "app.kubernetes.io/")
 PULL_POLICIES = {"Always", "IfNotPresent", "Never"}
 TOLERATION_OPERATORS = {"Equal", "Exists"}
 TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -33,6 +36,15 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("pod.namespace", f"{pod.namespace!r} is not a namespace name", "use a DNS-1123 label"))
     issues += _check_label_map("pod.node_selector", pod.node_selector)
     issues += _check_label_map("pod.labels", pod.labels)
+    for key in pod.labels:
+        if key.startswith(OWNED_LABEL_PREFIXES):
+            issues.append(
+                SpecIssue(
+                    f"pod.labels.{key}",
+                    "is set by airflow-mpi on every object of the job (it finds and removes the job by them)",
+                    "use a label key of your own prefix, e.g. 'team.example.com/owner'",
+                )
+            )
     for key in pod.annotations:
         if not is_qualified_name(key):
             issues.append(SpecIssue(f"pod.annotations.{key}", "is not a valid annotation key", "use [prefix/]name"))
@@ -118,14 +130,26 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
             )
         if volume.host_path is not None and ".." in volume.host_path.split("/"):
             issues.append(SpecIssue(f"{path}.host_path", f"{volume.host_path!r} contains '..'", "give the path itself"))
-        if volume.sub_path and (volume.sub_path.startswith("/") or ".." in volume.sub_path.split("/")):
+        for key in ("mount_path", "host_path", "sub_path"):
+            value = getattr(volume, key)
+            if value is not None and CONTROL.search(value):
+                issues.append(SpecIssue(f"{path}.{key}", f"{value!r} contains a control character", "use a plain path"))
+        if volume.sub_path is not None and (
+            volume.sub_path.startswith("/") or ".." in volume.sub_path.split("/") or not volume.sub_path
+        ):
             issues.append(
                 SpecIssue(
                     f"{path}.sub_path",
-                    f"{volume.sub_path!r} leaves the volume",
-                    "use a relative path inside the volume, without '..'",
+                    f"{volume.sub_path!r} is not a relative path inside the volume",
+                    "use a relative path without '..', e.g. 'datasets/digits'",
                 )
             )
+        for key in ("persistent_volume_claim", "config_map", "secret"):
+            value = getattr(volume, key)
+            if value and not (len(value) <= 253 and DNS_SUBDOMAIN.match(value)):
+                issues.append(
+                    SpecIssue(f"{path}.{key}", f"{value!r} is not an object name", "use the name of an existing one")
+                )
     for index, secret in enumerate(pod.image_pull_secrets):
         if not DNS_SUBDOMAIN.match(secret):
             issues.append(SpecIssue(f"pod.image_pull_secrets[{index}]", f"{secret!r} is not a Secret name", "fix it"))

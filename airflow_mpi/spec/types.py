@@ -186,7 +186,9 @@ class MPIJobSpec:
         if spec is not None:
             issues.extend(collect_spec_issues(spec, skip=frozenset(i.field for i in issues)))
         if issues or spec is None:
-            raise SpecError(issues or [SpecIssue("<spec>", "could not be parsed")])
+            raise SpecError(
+                issues or [SpecIssue("<spec>", "could not be parsed", "give a mapping of the spec's fields")]
+            )
         return spec
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,8 +196,9 @@ class MPIJobSpec:
         return typing.cast(dict[str, Any], to_plain(self))
 
     def validated(self) -> MPIJobSpec:
-        """Return self after checking every rule; raises ``SpecError`` listing every problem."""
-        issues = collect_spec_issues(self)
-        if issues:
-            raise SpecError(issues)
+        """Return self after checking every rule; raises ``SpecError`` listing every problem.
+
+        The fields' types are checked too, through the same parser as ``from_dict``: a spec built
+        in Python (``MPIJobSpec(name=3, command="train.py")``) gets the same messages as YAML."""
+        MPIJobSpec.from_dict(self.to_dict())
         return self

@@ -10,14 +10,21 @@ import re
 from typing import TYPE_CHECKING
 
 from airflow_mpi.contract import (
-    DEADLINE_GRACE_SECONDS,
     JOB_HASH_LEN,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     HostsMode,
 )
 from airflow_mpi.exceptions import SpecIssue
-from airflow_mpi.spec.formats import DNS_LABEL, ENV_NAME, MAX_POD_DEADLINE_SECONDS, RESOURCE_NAME, max_name_length
+from airflow_mpi.spec.command_validation import check_command
+from airflow_mpi.spec.formats import (
+    CONTROL,
+    DNS_LABEL,
+    ENV_NAME,
+    LABEL_VALUE,
+    RESOURCE_NAME,
+    max_name_length,
+)
 from airflow_mpi.spec.mpi_validation import OWNED_MCA, check_mpi
 from airflow_mpi.spec.pod_validation import check_pod
 from airflow_mpi.spec.quantities import CPU_MILLI, QUANTITY, parse_cpu
@@ -27,23 +34,20 @@ from airflow_mpi.spec.slots import build_slot_plan
 if TYPE_CHECKING:
     from airflow_mpi.spec.types import MPIJobSpec
 
-LAUNCHERS = {
-    "deepspeed": "DeepSpeed's launcher",
-    "torchrun": "torchrun",
-    "horovodrun": "horovodrun",
-    "mpirun": "mpirun",
-    "mpiexec": "mpiexec",
-    "accelerate": "accelerate's launcher",
-}
-LAUNCHER_MODULES = ("deepspeed.launcher", "torch.distributed.run", "torch.distributed.launch")
-SCRIPT_INTERPRETERS = {".sh": "bash", ".bash": "bash", ".py": "python", ".pl": "perl"}
+
+# Upper bounds: beyond them a job is a typo, and rendering it would exhaust memory (every pod's
+# env lists every worker host) or overflow what mpiexec and Kubernetes accept.
+MAX_WORKERS = 1000
+MAX_GPUS = 64
+MAX_CPU_CORES = 4096
+MAX_TIMEOUT = 366 * 24 * 3600  # seconds
 
 
 def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) -> list[SpecIssue]:
     """Every semantic problem of a well-typed spec. ``skip``: fields already reported as mistyped."""
     checks = (
         _check_name,
-        _check_command,
+        check_command,
         _check_roles,
         _check_slots,
         _check_env,
@@ -54,10 +58,14 @@ def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) ->
     )
     issues: list[SpecIssue] = []
     for check in checks:
-        for issue in check(spec):
-            if not any(issue.field == s or issue.field.startswith(s + ".") for s in skip):
-                issues.append(issue)
+        issues += [issue for issue in check(spec) if not _already_reported(issue.field, skip)]
     return issues
+
+
+def _already_reported(field: str, skip: frozenset[str]) -> bool:
+    """The field, or a part of it, was reported as mistyped: its stand-in says nothing more
+    (``command`` is empty because ``command[1]`` was not a string)."""
+    return any(field == s or field.startswith((s + ".", s + "[")) or s.startswith(field + "[") for s in skip)
 
 
 def _check_name(spec: MPIJobSpec) -> list[SpecIssue]:
@@ -86,55 +94,6 @@ def _check_name(spec: MPIJobSpec) -> list[SpecIssue]:
     return issues
 
 
-def _check_command(spec: MPIJobSpec) -> list[SpecIssue]:
-    command = spec.command
-    if not command:
-        return [SpecIssue("command", "is empty", "give the entry as an argv list, e.g. ['python', '/app/train.py']")]
-    issues = []
-    for index, arg in enumerate(command):
-        if not isinstance(arg, str):
-            issues.append(SpecIssue(f"command[{index}]", f"{arg!r} is not a string", "quote it"))
-        elif "\0" in arg:
-            issues.append(SpecIssue(f"command[{index}]", "contains a NUL byte", "remove it"))
-    if issues:
-        return issues
-    program = command[0].rsplit("/", 1)[-1]
-    if program in LAUNCHERS:  # docs/contract.md#nested-launcher
-        issues.append(
-            SpecIssue(
-                "command",
-                f"starts with {LAUNCHERS[program]} ({command[0]!r}); mpiexec already starts one process per "
-                "slot, and a second launcher inside each would start its own ranks that clash with mpiexec's",
-                "run the script itself, e.g. ['python', 'train.py', ...]: under MPI DeepSpeed is a library only",
-            )
-        )
-    if _is_python(program) and len(command) > 2 and command[1] == "-m":
-        module = command[2]
-        if any(module == m or module.startswith(m + ".") for m in LAUNCHER_MODULES):
-            issues.append(
-                SpecIssue(
-                    "command",
-                    f"runs the launcher module {module!r} under mpiexec (two launchers clash ranks)",
-                    "run the training script directly: ['python', 'train.py', ...]",
-                )
-            )
-    for suffix, interpreter in SCRIPT_INTERPRETERS.items():  # docs/contract.md#script-without-bash
-        if program.endswith(suffix):
-            issues.append(
-                SpecIssue(
-                    "command",
-                    f"starts with the script {command[0]!r} without an interpreter; mpiexec starts it on remote "
-                    "nodes, where it runs only if its mode bits and #! line are right",
-                    f"say [{interpreter!r}, {command[0]!r}, ...]",
-                )
-            )
-    return issues
-
-
-def _is_python(program: str) -> bool:
-    return bool(re.match(r"^python[0-9.]*$", program))
-
-
 def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
     issues = []
     if spec.master.replicas != 1:
@@ -147,6 +106,15 @@ def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
         )
     if spec.workers.replicas < 0:
         issues.append(SpecIssue("workers.replicas", f"is {spec.workers.replicas}", "use 0 or more workers"))
+    elif spec.workers.replicas > MAX_WORKERS:
+        issues.append(
+            SpecIssue(
+                "workers.replicas",
+                f"is {spec.workers.replicas}; at most {MAX_WORKERS} workers (every pod's environment lists every "
+                "worker host)",
+                f"use at most {MAX_WORKERS} workers, each with more GPUs or cores",
+            )
+        )
     for role_name, role in (("master", spec.master), ("workers", spec.workers)):
         cores = parse_cpu(role.cpu)
         if cores is None:
@@ -155,6 +123,12 @@ def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
             )
         elif cores <= 0:
             issues.append(SpecIssue(f"{role_name}.cpu", f"is {role.cpu!r}", "give at least 1 core (or e.g. '500m')"))
+        elif cores > MAX_CPU_CORES:  # before the remainder: a huge Decimal has none
+            issues.append(
+                SpecIssue(
+                    f"{role_name}.cpu", f"{role.cpu!r} cores is more than any node has", f"use at most {MAX_CPU_CORES}"
+                )
+            )
         elif cores % CPU_MILLI:
             issues.append(SpecIssue(f"{role_name}.cpu", f"{role.cpu!r} is finer than 1m", "round to whole millicores"))
         if role.memory is not None and not (isinstance(role.memory, str) and QUANTITY.match(role.memory)):
@@ -165,6 +139,20 @@ def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
             )
         if role.gpus < 0:
             issues.append(SpecIssue(f"{role_name}.gpus", f"is {role.gpus}", "use 0 (CPU only) or more GPUs"))
+        elif role.gpus > MAX_GPUS:
+            issues.append(
+                SpecIssue(
+                    f"{role_name}.gpus", f"is {role.gpus}, more than a node has", f"use at most {MAX_GPUS} per pod"
+                )
+            )
+        if role.gpu_type is not None and not (len(role.gpu_type) <= 63 and LABEL_VALUE.match(role.gpu_type)):
+            issues.append(
+                SpecIssue(
+                    f"{role_name}.gpu_type",
+                    f"{role.gpu_type!r} is not a node label value (it selects nodes by their GPU model label)",
+                    "use the node's label value, e.g. 'NVIDIA-A100-SXM4-80GB' (at most 63 of [A-Za-z0-9._-])",
+                )
+            )
         if not RESOURCE_NAME.match(role.gpu_resource):
             issues.append(
                 SpecIssue(
@@ -297,28 +285,26 @@ def _check_env(spec: MPIJobSpec) -> list[SpecIssue]:
 
 def _check_job_settings(spec: MPIJobSpec) -> list[SpecIssue]:
     issues = []
-    if spec.timeout < 1:
-        issues.append(SpecIssue("timeout", f"is {spec.timeout}", "give the job's limit in seconds, e.g. 3600"))
-    if spec.startup_timeout < 1:
+    if not 1 <= spec.timeout <= MAX_TIMEOUT:
         issues.append(
             SpecIssue(
-                "startup_timeout", f"is {spec.startup_timeout}", "give seconds for pods and sshd to start, e.g. 300"
+                "timeout", f"is {spec.timeout}", f"give the job's limit in seconds, e.g. 3600 (1 to {MAX_TIMEOUT})"
             )
         )
-    deadline = spec.startup_timeout + spec.timeout + DEADLINE_GRACE_SECONDS
-    if spec.timeout >= 1 and spec.startup_timeout >= 1 and deadline > MAX_POD_DEADLINE_SECONDS:
+    if not 1 <= spec.startup_timeout <= MAX_TIMEOUT:
         issues.append(
             SpecIssue(
-                "timeout",
-                f"is {spec.timeout}: with startup_timeout the pods' deadline would be {deadline} s, past the "
-                f"{MAX_POD_DEADLINE_SECONDS} s Kubernetes can hold (activeDeadlineSeconds is a 32-bit integer)",
-                f"use at most {MAX_POD_DEADLINE_SECONDS - DEADLINE_GRACE_SECONDS - spec.startup_timeout} seconds",
+                "startup_timeout",
+                f"is {spec.startup_timeout}",
+                f"give seconds for pods and sshd to start, e.g. 300 (1 to {MAX_TIMEOUT})",
             )
         )
     if not 1 <= spec.ssh_port <= 65535:
         issues.append(SpecIssue("ssh_port", f"is {spec.ssh_port}", "use a TCP port 1-65535 (default 22)"))
-    if spec.image and re.search(r"\s", spec.image):
-        issues.append(SpecIssue("image", f"{spec.image!r} contains whitespace", "use an image reference"))
+    if spec.image and (re.search(r"\s", spec.image) or CONTROL.search(spec.image)):
+        issues.append(
+            SpecIssue("image", f"{spec.image!r} contains whitespace", "use an image reference, e.g. 'registry/train:1'")
+        )
     if not isinstance(spec.hosts_mode, HostsMode):
         issues.append(SpecIssue("hosts_mode", f"{spec.hosts_mode!r} is not a hosts mode", "use 'host' or 'hostfile'"))
     return issues

@@ -199,8 +199,11 @@ def test_sshd_never_starting_fails_with_a_reason_per_host(backend: LocalBackend,
         run(backend, plan)
     assert time.monotonic() - started < 3 + 5
     lines = str(caught.value).splitlines()
-    assert lines[0] == "2 of 2 worker host(s) did not accept ssh within 3s:"
-    for worker, line in zip(plan.workers, lines[1:]):
+    assert lines[0] == f"MPI job {plan.job_name}: workers never accepted ssh: sshd is not running on a worker, " + (
+        "or not on the job's ssh port (Connection refused); a bare mpiexec then prints nothing or hangs"
+    )  # the cause first, then its fix and the line per host
+    summary = lines.index("2 of 2 worker host(s) did not accept ssh within 3s:")
+    for worker, line in zip(plan.workers, lines[summary + 1 :], strict=True):
         assert line.startswith(f"  {worker.host}: port closed: nothing listens on port 22")
 
 

@@ -182,7 +182,7 @@ BAD_SPECS: list[tuple[dict[str, Any], str, str]] = [
         "pod.tolerations[0].toleration_seconds",
         "NoExecute",
     ),
-    ({"timeout": 2**31}, "timeout", "32-bit integer"),
+    ({"timeout": 2**31}, "timeout", "1 to 31622400"),
     ({"pod": {"annotations": {"big": "x" * 256 * 1024}}}, "pod.annotations", "262144"),
     ({"pod": {"service_account": "a" * 254}}, "pod.service_account", "DNS-1123"),
     ({"pod": {"labels": {"team": "ml\n"}}}, "pod.labels.team", "label value"),
@@ -243,3 +243,11 @@ def test_python_constructed_spec_validates() -> None:
     assert spec.validated() is spec
     with pytest.raises(SpecError):
         MPIJobSpec(name="x", command=("deepspeed", "t.py")).validated()
+
+
+def test_the_longest_timeouts_fit_the_pods_deadline() -> None:
+    """activeDeadlineSeconds (startup + timeout + grace) is a 32-bit integer in Kubernetes."""
+    from airflow_mpi.contract import DEADLINE_GRACE_SECONDS
+    from airflow_mpi.spec.validation import MAX_TIMEOUT
+
+    assert 2 * MAX_TIMEOUT + DEADLINE_GRACE_SECONDS < 2**31

@@ -1,0 +1,107 @@
+"""`airflow-mpi doctor --image` against the API double: one pod runs the checks (scripted output),
+every failure is explained, and the pod is gone afterwards whatever happened."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from airflow_mpi import doctor
+from airflow_mpi.cli import main
+from airflow_mpi.preflight import CHECKS
+from airflow_mpi.testing.kube_double import KubeDouble, PodScript
+from tests.api_checks import object_problems
+from tests.faults import FaultRow
+from tests.k8s.conftest import Scripts
+
+pytestmark = pytest.mark.usefixtures("connections")
+
+IMAGE = "registry.example/train:1"
+
+
+@pytest.fixture(autouse=True)
+def fast_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor, "POLL_INTERVAL", 0.05)
+
+
+def check_lines(**failures: str) -> list[str]:
+    lines = []
+    for check in CHECKS:
+        detail = failures.get(check.name.replace("-", "_"))
+        lines.append(f"airflow-mpi doctor: {check.name}: {'FAIL' if detail else 'ok'}: {detail or 'fine'}")
+    return lines
+
+
+def run_doctor(*extra: str) -> int:
+    return main(["doctor", "--image", IMAGE, "--kubernetes-conn-id", "kube_double", "--namespace", "default", *extra])
+
+
+def doctor_pods(double: KubeDouble) -> list[str]:
+    return [p["metadata"]["name"] for p in double.list_objects("pods", "default")]
+
+
+def test_an_image_that_passes_every_check(
+    double: KubeDouble, scripts: Scripts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scripts.on("airflow-mpi-doctor-", PodScript(lines=lambda: iter(check_lines()), exit_code=0))
+    assert run_doctor() == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"checks on image {IMAGE}:"
+    assert out.count("  ok    ") == len(CHECKS) and "every check passed" in out
+    [created] = [b for b in double.created if b.get("kind") == "Pod"]
+    assert object_problems(created) == []
+    assert created["spec"]["containers"][0]["image"] == IMAGE
+    assert doctor_pods(double) == []
+
+
+@pytest.mark.fault
+def test_an_image_without_orted_on_the_ssh_path_is_explained(
+    double: KubeDouble, scripts: Scripts, capsys: pytest.CaptureFixture[str], fault_row: FaultRow
+) -> None:
+    lines = check_lines(orted_over_ssh="bash: line 1: orted: command not found", open_mpi_4="mpiexec (Open MPI) 5.0.3")
+    scripts.on("airflow-mpi-doctor-", PodScript(lines=lambda: iter(lines), exit_code=1))
+    started = time.monotonic()
+    assert run_doctor() == 1
+    seconds = time.monotonic() - started
+    out = capsys.readouterr().out
+    cause = next(line.strip() for line in out.splitlines() if line.strip().startswith("cause:"))
+    fault_row("orted not on PATH over ssh (doctor)", "kubernetes", "cli", "failed", seconds, cause, doctor_pods(double))
+    assert "  FAIL  orted-over-ssh: bash: line 1: orted: command not found" in out
+    assert "cause: orted (Open MPI's daemon) is not on the PATH of a worker's ssh session" in out
+    assert "fix: install Open MPI 4.x" in out
+    assert out.splitlines()[-1] == "2 check(s) failed"
+    assert doctor_pods(double) == []
+
+
+def test_a_pod_that_runs_no_check_says_why(
+    double: KubeDouble, scripts: Scripts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scripts.on("airflow-mpi-doctor-", PodScript(lines=lambda: iter(['exec: "bash": not found']), exit_code=127))
+    assert run_doctor() == 1
+    out = capsys.readouterr().out
+    assert out.count("no result: the checks stopped before this one") == len(CHECKS)
+    assert "the pod ended before any check ran: Error, exit code 127" in out
+    assert doctor_pods(double) == []
+
+
+@pytest.mark.parametrize(
+    ("setup", "words"),
+    [
+        ({"fail": {"method": "POST", "path": "/pods", "status": 403}}, "refused 'create' on pods in namespace default (403)"),
+        ({"script": PodScript(image_error="ErrImagePull")}, "the doctor pod cannot start: ErrImagePull"),
+    ],
+    ids=["rbac", "image"],
+)  # fmt: skip
+def test_errors_are_messages_and_leave_no_pod(
+    setup: dict[str, Any], words: str, double: KubeDouble, scripts: Scripts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if "fail" in setup:
+        double.fail_requests(**setup["fail"])
+    else:
+        scripts.on("airflow-mpi-doctor-", setup["script"])
+    assert run_doctor() == 1
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert doctor_pods(double) == []
