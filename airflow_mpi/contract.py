@@ -76,8 +76,10 @@ RESERVED_ENV_NAMES = frozenset(
 )
 RESERVED_ENV_PREFIXES = ("GJ_TRAINING_", "NCCL_IB_", "AIRFLOW_MPI_")
 
-# Lines a rank prints with this prefix carry a JSON result for XCom.
+# Lines a rank prints with this prefix carry a JSON result for XCom, of at most RESULT_MAX_BYTES
+# (UTF-8): the result goes into Airflow's database, and the whole line must fit the 64 KiB line cap.
 RESULT_PREFIX = "AIRFLOW_MPI_RESULT "
+RESULT_MAX_BYTES = 32 * 1024
 
 CONTAINER_NAME = "mpi"
 SSH_PORT_NAME = "ssh"

@@ -20,8 +20,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_mpi.backends.k8s_errors import GONE, api_status
 from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent, Outcome
-from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.naming import job_selector
+from airflow_mpi.podlog import LineSplitter
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
 from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
