@@ -34,6 +34,7 @@ from airflow_mpi.podlog import PartialLine
 from airflow_mpi.readiness import HostProbe, summarize_not_ready
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.status import JobPhase, JobStatus, evaluate_job
+from airflow_mpi.worldsize import RankStartCheck, rank_start_timeout
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,12 @@ class JobRunner:
         self.warn = warn if warn is not None else emit
         self.output = OutputTracker()
         self.progress_bars = ProgressFilter()
+        self.rank_starts = RankStartCheck(
+            np=plan.topology.np,
+            rank_pods=build_rank_pods(plan.spec, plan.topology),
+            job_pods=[pod.name for pod in plan.pods],
+            timeout=rank_start_timeout(plan.spec),
+        )
         self._lines_read = 0  # lines the backend gave (progress snapshots are no lines)
         self._warned = 0  # result problems warned about
         self.marks: dict[str, float] = dict(marks or {})  # phase -> epoch seconds
@@ -240,6 +247,7 @@ class JobRunner:
             if batch:
                 self._take(batch, now)
             self._show(self.progress_bars.due(now), now)
+            self._check_ranks(now)
             if now >= deadline + TIMEOUT_GRACE:
                 raise self.timeout_failure(self.output.tail)
             if now >= next_watch:
@@ -251,6 +259,8 @@ class JobRunner:
         status = evaluate_job(self.backend.pod_states(self.job_name))
         if time.monotonic() >= deadline:
             self.output.timed_out = True
+        if status.phase is JobPhase.SUCCEEDED:
+            self._check_ranks(time.monotonic(), ended=True)
         return status
 
     def _take(self, batch: list[str], now: float) -> None:
@@ -275,15 +285,18 @@ class JobRunner:
                 self.on_progress(self._lines_read)
 
     def _show(self, lines: list[str], now: float, *, replay: bool = False) -> None:
-        """Lines into the task log: progress bars thinned, refused result lines warned about; the
-        tracker sees what the log shows."""
+        """Lines into the task log: progress bars thinned, rank-start reports folded into one
+        line, refused result lines warned about; the tracker sees what the log shows."""
         if not lines:
             return
-        lines = self.progress_bars.feed(lines, now)
+        lines = self.rank_starts.feed(self.progress_bars.feed(lines, now), now)
         self.output.feed(lines)
         if not replay:
             for record in build_log_records(lines):
                 self.emit(record)
+        summary = self.rank_starts.summary()
+        if summary is not None:
+            self.emit(summary)
         self._warn_results()
 
     def _warn_results(self) -> None:
@@ -291,6 +304,22 @@ class JobRunner:
         for problem in errors[self._warned :]:
             self.warn(f"airflow-mpi: WARNING: {problem}")
         self._warned = len(errors)
+
+    def _check_ranks(self, now: float, *, ended: bool = False) -> None:
+        problem = self.rank_starts.problem(now, ended=ended)
+        if problem is None:
+            return
+        missing = self.rank_starts.missing_ranks()
+        pods = self.rank_starts.rank_pods
+        rank = missing[0] if missing else None
+        pod = pods[rank] if rank is not None and rank < len(pods) else self.plan.master.name
+        tail = self.output.tail[-TAIL_LINES:]
+        raise JobFailed(
+            f"MPI job {self.job_name} failed: {problem}" + format_tail(self.plan.master.name, tail),
+            pod=pod,
+            rank=rank,
+            tail=tail,
+        )
 
     def timeout_failure(
         self, tail: Sequence[str], *, by_mpiexec: bool = False, exit_code: int | None = None
