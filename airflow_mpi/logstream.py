@@ -125,16 +125,17 @@ class OutputTracker:
 
 
 class ProgressFilter:
-    """Thins progress output for the task log. Of each rank stream's carriage-return states
-    (lines whose text starts with ``\r``: rewritten lines and ``PartialLine`` snapshots) at most
-    one per ``interval`` seconds is shown, the latest, without its ``\r``; a state held back is
-    shown once ``interval`` has passed (``due``), before that stream's next plain line, or at the
-    end (``flush``), so the last state of a bar is always shown. Other lines pass unchanged."""
+    """Thins progress output for the task log. Of each rank's carriage-return states (lines whose
+    text starts with ``\r``: rewritten lines and ``PartialLine`` snapshots) at most one per
+    ``interval`` seconds is shown, the latest, without its ``\r``; a state held back is shown
+    once ``interval`` has passed (``due``), before that rank's next plain line (stdout or
+    stderr), or at the end (``flush``), so the last state of a bar is always shown, in order.
+    Other lines pass unchanged."""
 
     def __init__(self, interval: float = PROGRESS_INTERVAL) -> None:
         self.interval = interval
-        self._held: dict[str, str] = {}  # stream tag -> its latest state not shown yet
-        self._shown_at: dict[str, float] = {}  # stream tag -> when it last showed a state
+        self._held: dict[str, str] = {}  # rank ("[1,0]"; "" untagged) -> its latest state not shown yet
+        self._shown_at: dict[str, float] = {}  # rank -> when it last showed a state
 
     def feed(self, lines: Iterable[str], now: float) -> list[str]:
         shown: list[str] = []
@@ -143,29 +144,30 @@ class ProgressFilter:
                 shown.append(line)
                 continue
             tag, text = split_tag(line)
+            rank = tag[: tag.find("<")]
             if text.startswith("\r"):
                 state = tag + text[1:]
-                last = self._shown_at.get(tag)
+                last = self._shown_at.get(rank)
                 if last is None or now - last >= self.interval:
-                    self._held.pop(tag, None)
-                    self._shown_at[tag] = now
+                    self._held.pop(rank, None)
+                    self._shown_at[rank] = now
                     shown.append(state)
                 else:
-                    self._held[tag] = state
+                    self._held[rank] = state
                 continue
-            held = self._held.pop(tag, None)
+            held = self._held.pop(rank, None)
             if held is not None:
-                self._shown_at[tag] = now
+                self._shown_at[rank] = now
                 shown.append(held)
             shown.append(line)
         return shown
 
     def due(self, now: float) -> list[str]:
         """States held back for ``interval`` or longer."""
-        ready = [tag for tag in self._held if now - self._shown_at.get(tag, now) >= self.interval]
-        for tag in ready:
-            self._shown_at[tag] = now
-        return [self._held.pop(tag) for tag in ready]
+        ready = [rank for rank in self._held if now - self._shown_at.get(rank, now) >= self.interval]
+        for rank in ready:
+            self._shown_at[rank] = now
+        return [self._held.pop(rank) for rank in ready]
 
     def flush(self) -> list[str]:
         """Every state still held back (the output ended)."""

@@ -130,6 +130,9 @@ def test_a_held_state_comes_before_the_ranks_next_line_and_other_ranks_pass() ->
     assert bars.due(now=1.2) == []  # 0.6 s since 2% was shown
     assert bars.due(now=1.6) == ["[1,0]<stderr>:9%"]
     assert bars.feed(["untagged\rprogress"], now=2.0) == ["untagged\rprogress"]  # "\r" not first: a plain line
+    # The rank's last state comes before its next line on stdout too (tqdm on stderr, print on stdout).
+    assert bars.feed(["[1,0]<stderr>:\r100%"], now=2.1) == []
+    assert bars.feed(["[1,0]<stdout>:training done"], now=2.2) == ["[1,0]<stderr>:100%", "[1,0]<stdout>:training done"]
 
 
 def test_memory_stays_bounded() -> None:
