@@ -155,6 +155,10 @@ class RankLineSplitter:
         self._tag = b""  # the stream the bytes now arriving belong to
         self._held = b""  # the end of the last chunk, when it may be the start of a tag
         self._touched: set[bytes] = set()  # streams fed since the last ``progress()``
+        self._busy: set[bytes] = set()  # streams with a line begun (not idle)
+        text = "[^\r\n]*" if max_bytes is None else f"[^\r\n]{{0,{max(0, max_bytes - MAX_TAG_BYTES)}}}"
+        # Lines that each are one short tagged piece: the common case, checked in one pass.
+        self._tagged_lines = re.compile(rf"(?:{TAG_BYTES.pattern.decode()}{text}\n)*".encode())
 
     def feed(self, chunk: bytes) -> list[str]:
         """The lines this chunk completes, in the order their newlines arrived."""
@@ -170,9 +174,8 @@ class RankLineSplitter:
             self._split(data[:newline], lines)
             data = data[newline:]
         end = data.rfind(b"\n") + 1
-        whole = self._whole_lines(data[:end]) if end else None
-        if whole is not None:
-            lines += whole
+        if end:
+            self._whole_lines(data[: end - 1], lines)
             data = data[end:]
         self._split(data, lines)
         return lines
@@ -188,23 +191,28 @@ class RankLineSplitter:
         if pos < len(data):
             self._route(data[pos:], lines)
 
-    def _whole_lines(self, data: bytes) -> list[str] | None:
-        """The fast path for line-buffered ranks: when each line of ``data`` is one tagged piece
-        (it starts with a tag and holds no other: as many tags as newlines), short and without
-        ``\r``, the lines are the rank lines as they are. None: take the general path."""
-        pieces = data.split(b"\n")
-        pieces.pop()
-        if b"\r" in data or data.count(b"]<std") != len(pieces):
-            return None
-        limit, streams = self.max_bytes, self._streams
-        for piece in pieces:
-            tag = TAG_BYTES.match(piece)
-            if tag is None or (limit is not None and len(piece) > limit):
-                return None
-            stream = streams.get(tag.group())
-            if stream is not None and not stream.idle:  # the piece goes on a line begun earlier
-                return None
-        return [piece.decode("utf-8", "replace") for piece in pieces]
+    def _whole_lines(self, data: bytes, lines: list[str]) -> None:
+        """Whole lines of the master (``data`` without its last newline). The fast path, for
+        line-buffered ranks: a line that is one tagged piece (it starts with a tag and holds no
+        other), or untagged, short, without ``\r``, whose stream has no line begun, is a rank's
+        line as it is. Any other line takes the general path."""
+        one_tag_each = not self._busy and data.count(b"]<std") == data.count(b"\n") + 1
+        if one_tag_each and self._tagged_lines.fullmatch(data + b"\n"):  # and each short, no \r
+            lines += [piece.decode("utf-8", "replace") for piece in data.split(b"\n")]
+            return
+        limit, match, busy = self.max_bytes, TAG_BYTES.match, self._busy
+        keep = lines.append
+        for piece in data.split(b"\n"):
+            tag = match(piece)
+            if (
+                (tag.group() if tag is not None else b"") not in busy
+                and b"\r" not in piece
+                and (limit is None or len(piece) <= limit)
+                and piece.find(b"]<std", tag.end() if tag is not None else 0) < 0
+            ):
+                keep(piece.decode("utf-8", "replace"))
+            else:
+                self._split(piece + b"\n", lines)
 
     def flush(self) -> list[str]:
         """Every line still unfinished when the output ended, each rank's on its own."""
@@ -214,6 +222,7 @@ class RankLineSplitter:
             self._route(held, lines)
         for tag, stream in self._streams.items():
             lines += [_tagged(tag, line) for line in stream.flush()]
+        self._busy.clear()
         return lines
 
     def progress(self) -> list[PartialLine]:
@@ -233,19 +242,24 @@ class RankLineSplitter:
         if tag:
             newline = data.find(b"\n")
             head, data = (data, b"") if newline < 0 else (data[: newline + 1], data[newline + 1 :])
-            lines += [_tagged(tag, line) for line in self._stream(tag).feed(head)]
+            lines += [_tagged(tag, line) for line in self._feed(tag, head)]
             if newline < 0:
                 return
             self._tag = b""
         if data:
-            lines += self._stream(b"").feed(data)
+            lines += self._feed(b"", data)
 
-    def _stream(self, tag: bytes) -> LineSplitter:
+    def _feed(self, tag: bytes, data: bytes) -> list[str]:
         stream = self._streams.get(tag)
         if stream is None:
             stream = self._streams[tag] = LineSplitter(self.max_bytes)
         self._touched.add(tag)
-        return stream
+        lines = stream.feed(data)
+        if stream.idle:
+            self._busy.discard(tag)
+        else:
+            self._busy.add(tag)
+        return lines
 
 
 def _tagged(tag: bytes, line: str) -> str:

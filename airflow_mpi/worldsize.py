@@ -48,13 +48,12 @@ class RankStartCheck:
         """The lines minus the rank-start reports (they are summed up in ``summary``)."""
         kept = []
         for line in lines:
-            tag, text = split_tag(line)
-            if text.startswith(RANK_START_PREFIX):
-                match = RANK_START.match(text)
+            if RANK_START_PREFIX in line:  # a substring test first: most lines are none of these
+                match = RANK_START.match(split_tag(line)[1])
                 if match:
                     self._report(int(match.group(1)), int(match.group(2)), match.group(3), now)
                     continue
-            elif not tag and self.mpiexec_started is None and line.startswith(MPIEXEC_START_LINE):
+            elif self.mpiexec_started is None and line.startswith(MPIEXEC_START_LINE):
                 self.mpiexec_started = now
             kept.append(line)
         return kept

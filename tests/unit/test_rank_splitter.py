@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import tracemalloc
 
 import pytest
@@ -50,6 +51,51 @@ def split(data: bytes, sizes: list[int] | None = None, max_bytes: int = 64 * 102
         pos += size
     lines += splitter.feed(data[pos:])
     return lines + splitter.flush()
+
+
+TAG = re.compile(rb"(\[\d+,\d+\]<std(?:out|err|diag)>:)")
+
+
+def reference(data: bytes, limit: int) -> list[str]:
+    """The lines, worked out at once and slowly: split at every tag, each tag's text collected
+    until its newline, then its last \r state, cut at the limit."""
+    texts: dict[bytes, bytes] = {}
+    out, tag = [], b""
+
+    def render(tag: bytes, line: bytes) -> str:
+        states = [state for state in line.split(b"\r") if state]
+        last = (states or [b""])[-1]
+        text = last.decode() if len(last) <= limit else last[:limit].decode() + CUT_MARK
+        return tag.decode() + ("\r" + text if len(states) > 1 else text)
+
+    for part in TAG.split(data):
+        if TAG.fullmatch(part):
+            tag = part
+            continue
+        while part:
+            newline = part.find(b"\n")
+            if newline < 0:
+                texts[tag] = texts.get(tag, b"") + part
+                break
+            out.append(render(tag, texts.pop(tag, b"") + part[:newline]))
+            part, tag = part[newline + 1 :], b""
+    # The lines left unfinished at the end, in no particular order.
+    return out + sorted(render(tag, text) for tag, text in texts.items() if text.strip(b"\r"))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_output_any_chunking_matches_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    kinds = [b"step 7 loss=0.1\n", b"a\nb\n", b"\r12%", b"\n", b"x" * 300, b"[INFO] ok ]<stdout> text\n"]
+    writes = [(rng.randrange(4), rng.choice(["stdout", "stderr"]), rng.choice(kinds)) for _ in range(200)]
+    data = mpiexec_output(writes, piece=rng.choice([7, 64, 4096]))
+    data = data.replace(b"[1,3]<stderr>:", b"")  # rank 3's stderr as if untagged (mpiexec's own text)
+    sizes = [rng.randint(1, 200) for _ in range(len(data) // 50)]
+    splitter, lines, pos = RankLineSplitter(256), [], 0
+    for size in [*sizes, len(data)]:
+        lines += splitter.feed(data[pos : pos + size])
+        pos += size
+    assert lines + sorted(splitter.flush()) == reference(data, 256)
 
 
 def test_the_measured_output_gives_each_ranks_own_lines() -> None:
