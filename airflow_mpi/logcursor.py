@@ -124,7 +124,8 @@ class TimestampedLogSplitter:
     """A followed ``timestamps=true`` pod log -> the lines of ``lines``. The kubelet stamps each
     line once, at its start, however long it grows; the bytes after the stamp go to ``lines`` as
     they arrive (a line that never ends costs no memory here), and the cursor skips whatever an
-    earlier stream of the same log delivered, to the byte. Call ``restart()`` for each new stream."""
+    earlier stream of the same log delivered, to the byte. One per stream: a new stream starts at
+    a line's beginning (the cursor knows how much of that line was read)."""
 
     def __init__(self, cursor: LogCursor, lines: RankLineSplitter) -> None:
         self.cursor = cursor
@@ -132,10 +133,6 @@ class TimestampedLogSplitter:
         self._stamp = bytearray()  # the timestamp being read, while ``_skip`` is unset
         self._in_line = False  # past the stamp of the current line
         self._skip: int | None = None  # bytes of this line still to drop; None: drop all (a replay)
-
-    def restart(self) -> None:
-        """A new stream starts at a line's beginning: forget a stamp or line the last one broke off in."""
-        self._stamp, self._in_line, self._skip = bytearray(), False, None
 
     def feed(self, chunk: bytes) -> list[str]:
         body = bytearray()  # what is new, stamps removed: one feed of ``lines`` per chunk
