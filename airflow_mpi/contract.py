@@ -79,8 +79,14 @@ RESERVED_ENV_NAMES = frozenset(
 )
 RESERVED_ENV_PREFIXES = ("GJ_TRAINING_", "NCCL_IB_", "AIRFLOW_MPI_")
 
-# Lines a rank prints with this prefix carry a JSON result for XCom.
+# Lines a rank prints with this prefix carry a JSON result for XCom, of at most RESULT_MAX_BYTES
+# (UTF-8): the result goes into Airflow's database, and the whole line must fit the 64 KiB line cap.
 RESULT_PREFIX = "AIRFLOW_MPI_RESULT "
+RESULT_MAX_BYTES = 32 * 1024
+# The rank wrapper's first line on every rank (docs/contract.md#rank-start), and the launch
+# script's line just before it execs mpiexec: the runner checks that every rank starts.
+RANK_START_PREFIX = "AIRFLOW_MPI_RANK_START "
+MPIEXEC_START_LINE = "[airflow-mpi] starting mpiexec"
 
 CONTAINER_NAME = "mpi"
 SSH_PORT_NAME = "ssh"

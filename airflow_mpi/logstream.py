@@ -1,24 +1,22 @@
-"""What the master printed: bounded tails per rank, the rank that failed, and the job's result.
+"""What the master printed: bounded tails per rank, the rank that failed, the job's result, and
+progress bars thinned for the task log.
 
-Pure: it reads lines (mpiexec ``--tag-output`` style, ``[1,R]<stdout>:text``) and remembers
-only bounded amounts, whatever the volume. Also splits byte streams into bounded lines (both
-backends), turns line batches into log records, formats the "last lines" of failure messages,
-and keeps the cursor that lets a dropped Kubernetes log stream resume with no duplicate and no gap.
+Pure: it reads lines (mpiexec ``--tag-output`` style, ``[1,R]<stdout>:text``, as
+``podlog.RankLineSplitter`` reassembles them) and remembers only bounded amounts, whatever the
+volume. Also turns line batches into log records and formats the "last lines" of failure messages.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from functools import lru_cache
 from typing import Any
 
-from airflow_mpi.contract import RESULT_PREFIX
+from airflow_mpi.contract import RESULT_MAX_BYTES, RESULT_PREFIX
+from airflow_mpi.podlog import CUT_MARK
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.topology import Topology
 
@@ -30,9 +28,10 @@ ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator")
 ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d+)")
 TIMEOUT_MARKS = ("The user-provided time limit for job execution has been reached", "MPIEXEC_TIMEOUT")
 MAX_RECORD_LINES = 5000
-MAX_LINE_BYTES = 64 * 1024  # a longer "line" (a progress bar without newlines) is cut here
-CUT_MARK = " [... line cut at 64 KiB]"
+PROGRESS_INTERVAL = 1.0  # seconds between two progress-bar states of one rank in the task log
 TAIL_LINES = 15  # lines of a pod or rank shown in a failure message
+MAX_RESULT_ERRORS = 5  # refused result lines described one by one; the rest are counted
+TAG_TEXT = re.compile(r"\[\d+,\d+\]<std(?:out|err|diag)>:")
 
 
 @dataclass
@@ -47,7 +46,8 @@ class OutputTracker:
     failed_signal: int | None = None
     failed_node: str | None = None
     timed_out: bool = False
-    result_errors: list[str] = field(default_factory=list)
+    result_errors: list[str] = field(default_factory=list)  # the first MAX_RESULT_ERRORS problems
+    result_error_count: int = 0  # every result line that was refused
     _tail: deque[str] = field(init=False)
     _rank_tails: dict[int, deque[str]] = field(default_factory=dict)
     _results: dict[int, Any] = field(default_factory=dict)
@@ -75,11 +75,14 @@ class OutputTracker:
             self._parse_mpiexec(line)
 
     def _parse_result(self, rank: int, text: str) -> None:
-        try:
-            self._results[rank] = json.loads(text[len(RESULT_PREFIX) :])
-        except ValueError as error:
-            if len(self.result_errors) < 5:
-                self.result_errors.append(f"rank {rank}: {RESULT_PREFIX.strip()} line is not JSON ({error})")
+        problem = parse_result(text[len(RESULT_PREFIX) :])
+        if isinstance(problem, str):
+            self.result_error_count += 1
+            if len(self.result_errors) < MAX_RESULT_ERRORS:
+                who = f"rank {rank}" if rank >= 0 else "untagged output"
+                self.result_errors.append(f"{who}: {problem}")
+            return
+        self._results[rank] = problem.value
 
     def _parse_mpiexec(self, line: str) -> None:
         if any(mark in line for mark in TIMEOUT_MARKS):
@@ -121,72 +124,96 @@ class OutputTracker:
         return self._results[min(ranked)] if ranked else self._results[-1]
 
 
+class ProgressFilter:
+    """Thins progress output for the task log. Of each rank's carriage-return states (lines whose
+    text starts with ``\r``: rewritten lines and ``PartialLine`` snapshots) at most one per
+    ``interval`` seconds is shown, the latest, without its ``\r``; a state held back is shown
+    once ``interval`` has passed (``due``), before that rank's next plain line (stdout or
+    stderr), or at the end (``flush``), so the last state of a bar is always shown, in order.
+    Other lines pass unchanged."""
+
+    def __init__(self, interval: float = PROGRESS_INTERVAL) -> None:
+        self.interval = interval
+        self._held: dict[str, str] = {}  # rank ("[1,0]"; "" untagged) -> its latest state not shown yet
+        self._shown_at: dict[str, float] = {}  # rank -> when it last showed a state
+
+    def feed(self, lines: Iterable[str], now: float) -> list[str]:
+        shown: list[str] = []
+        for line in lines:
+            if "\r" not in line and not self._held:
+                shown.append(line)
+                continue
+            tag, text = split_tag(line)
+            rank = tag[: tag.find("<")]
+            if text.startswith("\r"):
+                state = tag + text[1:]
+                last = self._shown_at.get(rank)
+                if last is None or now - last >= self.interval:
+                    self._held.pop(rank, None)
+                    self._shown_at[rank] = now
+                    shown.append(state)
+                else:
+                    self._held[rank] = state
+                continue
+            held = self._held.pop(rank, None)
+            if held is not None:
+                self._shown_at[rank] = now
+                shown.append(held)
+            shown.append(line)
+        return shown
+
+    def due(self, now: float) -> list[str]:
+        """States held back for ``interval`` or longer."""
+        ready = [rank for rank in self._held if now - self._shown_at.get(rank, now) >= self.interval]
+        for rank in ready:
+            self._shown_at[rank] = now
+        return [self._held.pop(rank) for rank in ready]
+
+    def flush(self) -> list[str]:
+        """Every state still held back (the output ended)."""
+        held, self._held = list(self._held.values()), {}
+        return held
+
+
+def split_tag(line: str) -> tuple[str, str]:
+    """``"[1,0]<stdout>:text"`` -> (``"[1,0]<stdout>:"``, ``"text"``); untagged: ("", line)."""
+    match = TAG_TEXT.match(line)
+    return (line[: match.end()], line[match.end() :]) if match else ("", line)
+
+
+@dataclass(frozen=True)
+class ResultValue:
+    value: Any
+
+
+def parse_result(payload: str) -> ResultValue | str:
+    """The value of an ``AIRFLOW_MPI_RESULT`` line, or why it is refused, with the fix."""
+    if payload.endswith(CUT_MARK):
+        return (
+            f"its {RESULT_PREFIX.strip()} line was cut at the 64 KiB line cap, so the result is ignored; "
+            f"keep the result under {RESULT_MAX_BYTES // 1024} KiB of JSON (write large outputs to a file "
+            "and return its path)"
+        )
+    size = len(payload.encode("utf-8", "replace"))
+    if size > RESULT_MAX_BYTES:
+        return (
+            f"its {RESULT_PREFIX.strip()} line holds {size} bytes, over the {RESULT_MAX_BYTES // 1024} KiB "
+            "limit, so the result is ignored; return a summary (write large outputs to a file and return its path)"
+        )
+    try:
+        return ResultValue(json.loads(payload))
+    except ValueError as error:
+        return (
+            f"its {RESULT_PREFIX.strip()} line is not JSON ({error}), so the result is ignored; print "
+            f"'{RESULT_PREFIX}' + json.dumps(value) on one line"
+        )
+
+
 def build_log_records(lines: Sequence[str], max_lines: int = MAX_RECORD_LINES) -> Iterator[str]:
     """Coalesce a batch of lines into few log records: the task logger keeps up with a flood
     (~25-30k records/s at one line each, >1M lines/s at 100 lines per record)."""
     for start in range(0, len(lines), max_lines):
         yield "\n".join(lines[start : start + max_lines])
-
-
-class LineSplitter:
-    """Bytes as they arrive (any chunking) -> complete text lines, without the newline and any
-    trailing ``\r``. A line longer than ``max_bytes`` keeps its first ``max_bytes`` and ends with
-    ``CUT_MARK``; the rest of it, up to its newline, is dropped, so memory stays bounded whatever
-    a process prints. ``max_bytes=None``: no cap (watch events, whose size the API server bounds).
-    """
-
-    def __init__(self, max_bytes: int | None = MAX_LINE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._partial = bytearray()  # the start of the current line (at most max_bytes)
-        self._cut = False  # the current line is past max_bytes: drop until its newline
-
-    def feed(self, chunk: bytes) -> list[str]:
-        """The lines this chunk completes."""
-        pieces = chunk.split(b"\n")
-        rest = pieces.pop()
-        if not pieces:
-            self._keep(rest)
-            return []
-        self._keep(pieces[0])  # ends the line earlier chunks began
-        first = self._end_line()
-        self._keep(rest)
-        pieces[0] = b""  # replaced by ``first`` below; the other pieces are whole lines
-        limit = self.max_bytes
-        if limit is None or len(chunk) <= limit:
-            lines = [piece.decode("utf-8", "replace").rstrip("\r") for piece in pieces]
-        else:
-            lines = [
-                piece.decode("utf-8", "replace").rstrip("\r") if len(piece) <= limit else _cut_text(piece[:limit])
-                for piece in pieces
-            ]
-        lines[0] = first
-        return lines
-
-    def flush(self) -> list[str]:
-        """The last line when the stream ended without a newline ([] when it ended with one)."""
-        if not self._partial and not self._cut:
-            return []
-        return [self._end_line()]
-
-    def _keep(self, piece: bytes) -> None:
-        if self._cut or not piece:
-            return
-        room = len(piece) if self.max_bytes is None else self.max_bytes - len(self._partial)
-        if len(piece) > room:
-            self._partial += piece[:room]
-            self._cut = True
-        else:
-            self._partial += piece
-
-    def _end_line(self) -> str:
-        line = _cut_text(self._partial) if self._cut else self._partial.decode("utf-8", "replace").rstrip("\r")
-        self._partial, self._cut = bytearray(), False
-        return line
-
-
-def _cut_text(head: bytes | bytearray) -> str:
-    """The kept start of an overlong line: a character split by the cut is dropped, not garbled."""
-    return codecs.getincrementaldecoder("utf-8")("replace").decode(head, final=False) + CUT_MARK
 
 
 def format_tail(source: str, lines: Sequence[str]) -> str:
@@ -221,70 +248,3 @@ def build_rank_pods(spec: MPIJobSpec, topology: Topology) -> list[str]:
         while len(pods) < topology.np:
             pods += pods[: topology.np - len(pods)]
     return pods[: topology.np]
-
-
-def parse_log_timestamp(text: str) -> int:
-    """Nanoseconds since the epoch from a kubelet timestamp (RFC3339Nano, e.g.
-    ``2026-11-29T20:00:01.12345Z``). Full precision: Python's datetime keeps only microseconds."""
-    main, _, rest = text.partition(".")
-    fraction = rest.rstrip("Z") if rest else ""
-    if not rest:
-        main = main.rstrip("Z")
-    return _epoch_seconds(main) * 1_000_000_000 + int((fraction + "000000000")[:9] or 0)
-
-
-@lru_cache(maxsize=64)
-def _epoch_seconds(text: str) -> int:
-    """Whole seconds of a timestamp; cached: a busy log has thousands of lines per second."""
-    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp())
-
-
-def format_since_time(ns: int) -> str:
-    """``sinceTime`` for a resumed log stream: the API server keeps whole seconds anyway."""
-    return datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class LogCursor:
-    """Where a log stream stopped, by the node's own timestamps, so a resumed stream (which
-    restarts at the whole second) emits every line exactly once: lines before the last timestamp
-    are replays, and so are the first ``count`` lines at it. No clock of this machine is used."""
-
-    last_ns: int | None = None
-    count: int = 0  # lines emitted with timestamp == last_ns
-    _replay_ns: int | None = None
-    _replay_count: int = 0
-    _replayed: int = 0
-
-    def resume(self) -> str | None:
-        """Call before (re)opening a stream; returns its ``sinceTime`` (None: from the start)."""
-        self._replay_ns, self._replay_count, self._replayed = self.last_ns, self.count, 0
-        return format_since_time(self.last_ns) if self.last_ns is not None else None
-
-    def accept(self, ns: int) -> bool:
-        """True if the line with this timestamp is new (emit it), False if it is a replay."""
-        if self._replay_ns is not None:
-            if ns < self._replay_ns:
-                return False
-            if ns == self._replay_ns and self._replayed < self._replay_count:
-                self._replayed += 1
-                return False
-            self._replay_ns = None  # past where the last stream stopped
-        if ns == self.last_ns:
-            self.count += 1
-        else:
-            self.last_ns, self.count = ns, 1
-        return True
-
-    def to_dict(self) -> dict[str, int]:
-        return {"last_ns": self.last_ns or 0, "count": self.count}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LogCursor:
-        return cls(last_ns=int(data["last_ns"]) or None, count=int(data["count"]))
-
-
-def split_timestamped(line: str) -> tuple[int, str]:
-    """``"<RFC3339Nano> text"`` (a ``timestamps=true`` log line) -> (ns, text)."""
-    stamp, _, text = line.partition(" ")
-    return parse_log_timestamp(stamp), text

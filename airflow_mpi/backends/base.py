@@ -41,8 +41,10 @@ class Backend(Protocol):
         """Start the master pod: its launch script checks the hosts again and execs mpiexec."""
 
     def follow_master(self, job_name: str, idle_tick: float = 0.1) -> Iterator[list[str]]:
-        """The master's output, live, as batches of complete lines, until it ends. Yields an empty
-        batch at least every ``idle_tick`` seconds so the caller can check deadlines and workers."""
+        """The master's output, live, as batches of complete lines (each rank's reassembled, as
+        ``podlog.RankLineSplitter`` gives them, with ``PartialLine`` states of lines still being
+        rewritten), until it ends. Yields an empty batch at least every ``idle_tick`` seconds so
+        the caller can check deadlines and workers."""
 
     def pod_log_tail(self, job_name: str, pod: str, lines: int = 20) -> list[str]:
         """The last lines a pod printed (for failure messages)."""

@@ -45,7 +45,7 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, BackendUnreachable, JobNotFound, LaunchError
-from airflow_mpi.logstream import LineSplitter, LogCursor, split_timestamped
+from airflow_mpi.logcursor import LogCursor, TimestampedLogSplitter
 from airflow_mpi.manifests import (
     PLACEHOLDER_UID,
     config_map_name,
@@ -55,6 +55,7 @@ from airflow_mpi.manifests import (
 )
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
 from airflow_mpi.plan import JobPlan
+from airflow_mpi.podlog import LineSplitter, RankLineSplitter
 from airflow_mpi.readiness import HostProbe, probes_from_states
 from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import PodPhase, PodState, PodTable, WatchLoop, pod_state_from_k8s
@@ -81,6 +82,8 @@ class _Job:
     plan: JobPlan | None = None
     master_manifest: Obj | None = None
     cursor: LogCursor = field(default_factory=LogCursor)
+    # The master's output across reconnects: each rank's unfinished line survives a dropped stream.
+    lines: RankLineSplitter = field(default_factory=RankLineSplitter)
     final_pods: list[str] = field(default_factory=list)
     seen_events: int = -1  # the watch's event count when pod states were last read
 
@@ -370,6 +373,12 @@ class KubernetesBackend:
         """The master's log, live; resumed from the cursor after drops and read timeouts."""
         job = self._job(job_name)
         job.roles[job.master] = Role.MASTER
+        yield from self._follow(job, idle_tick)
+        last = job.lines.flush()  # lines the master left unfinished when it ended
+        if last:
+            yield last
+
+    def _follow(self, job: _Job, idle_tick: float) -> Iterator[list[str]]:
         reconnects = 0
         while True:
             state = self._master_state(job)
@@ -436,7 +445,10 @@ class KubernetesBackend:
 
         reader = threading.Thread(target=read, name=f"log-{job.master}", daemon=True)
         reader.start()
-        lines = LineSplitter()
+        # Bytes after each line's stamp go on to the job's splitter as they come: a line that
+        # never ends (a progress bar) costs no memory, and a resumed stream skips, to the byte,
+        # what the cursor says was read (a line broken off by a drop goes on where it stopped).
+        stream = TimestampedLogSplitter(job.cursor, job.lines)
         clean = False
         try:
             while True:
@@ -450,14 +462,8 @@ class KubernetesBackend:
                     break
                 if isinstance(item, Exception):
                     break
-                batch = []
-                for text in lines.feed(item):
-                    try:
-                        stamp, line = split_timestamped(text)
-                    except ValueError:
-                        continue  # not a log line (should not happen with timestamps=true)
-                    if job.cursor.accept(stamp):
-                        batch.append(line)
+                batch: list[str] = stream.feed(item)
+                batch += job.lines.progress()
                 if batch:
                     yield batch
         finally:
@@ -466,7 +472,7 @@ class KubernetesBackend:
             with contextlib.suppress(Exception):
                 response.release_conn()
             reader.join(2)
-        return clean  # a partial last line of a drop is read again after the resume
+        return clean
 
     def pod_log_tail(self, job_name: str, pod: str, lines: int = 20) -> list[str]:
         """The pod's last lines, for a failure message: [] when they cannot be had quickly."""

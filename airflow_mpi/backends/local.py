@@ -26,14 +26,15 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 from airflow_mpi import contract
 from airflow_mpi.backends import sandbox as sandboxes
 from airflow_mpi.backends.sandbox import Mount, Sandbox
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError, SpecError, SpecIssue
-from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.naming import build_host_name
 from airflow_mpi.plan import JobPlan
+from airflow_mpi.podlog import RankLineSplitter
 from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result
 from airflow_mpi.spec import Role
 from airflow_mpi.ssh import KEY_DIR_MODE, KEY_FILE_MODE, build_ssh_probe_argv
@@ -44,6 +45,10 @@ DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
 REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "ssh", "mpiexec", "bash")
 SSHD = "/usr/sbin/sshd"
 READ_CHUNK = 1 << 20
+# The master's log file (in memory, under /run) keeps its last MASTER_LOG_KEEP bytes once it
+# passes MASTER_LOG_MAX: it only serves the "last lines" of failure messages.
+MASTER_LOG_MAX = 16 << 20
+MASTER_LOG_KEEP = 1 << 20
 
 
 def check_prerequisites() -> list[str]:
@@ -255,7 +260,9 @@ class LocalBackend:
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         os.set_blocking(fd, False)
-        lines = LineSplitter()  # a line past its cap is cut, so memory stays bounded
+        # Each rank's lines reassembled from mpiexec's tagged pieces, each capped (memory stays
+        # bounded); a line rewritten with \r (a progress bar) also yields its latest state.
+        lines = RankLineSplitter()
         with (sandbox.dir / "logs" / f"{master}.log").open("ab") as log:
             while True:
                 ready, _, _ = select.select([fd], [], [], idle_tick)
@@ -268,8 +275,10 @@ class LocalBackend:
                     continue
                 if not chunk:
                     break
-                log.write(chunk)
-                yield lines.feed(chunk)
+                _append_bounded(log, chunk)
+                batch: list[str] = lines.feed(chunk)
+                batch += lines.progress()
+                yield batch
         last = lines.flush()
         if last:
             yield last
@@ -387,6 +396,21 @@ def _warn_about_gpus(plan: JobPlan) -> None:
             plan.job_name,
             plan.topology.np,
         )
+
+
+def _append_bounded(log: BinaryIO, chunk: bytes) -> None:
+    """Append to an append-mode log file; past MASTER_LOG_MAX keep only its last MASTER_LOG_KEEP bytes."""
+    log.write(chunk)
+    if log.tell() <= MASTER_LOG_MAX:
+        return
+    log.flush()
+    with open(log.name, "r+b") as handle:
+        handle.seek(-MASTER_LOG_KEEP, os.SEEK_END)
+        tail = handle.read()
+        handle.seek(0)
+        handle.write(tail)
+        handle.truncate()
+    log.seek(0, os.SEEK_END)
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:

@@ -119,6 +119,7 @@ class MPIJobOperator(BaseOperator):
             emit=self._emit,
             skip_lines=progress.shown(plan.job_name) if adopted is not None else 0,
             on_progress=progress.saver(plan.job_name),
+            warn=self._warn,
         )
         if self.deferrable:
             return self._defer_start(runner, adopted is not None)
@@ -175,7 +176,7 @@ class MPIJobOperator(BaseOperator):
         progress = _Progress(context)
         deferrable = self._deferrable(backend)
         runner = self._runner = JobRunner(
-            backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name)
+            backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name), warn=self._warn
         )
         runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
         try:
@@ -199,6 +200,9 @@ class MPIJobOperator(BaseOperator):
 
     def _emit(self, text: str) -> None:
         self.log.info("%s", text)
+
+    def _warn(self, text: str) -> None:
+        self.log.warning("%s", text)
 
     def on_kill(self) -> None:
         if self._runner is not None:

@@ -345,6 +345,7 @@ run_master() {
     log "waiting for sshd on ${#RANK_HOSTS[@]} host(s)"
     wait_for_hosts "${RANK_HOSTS[@]}"
   fi
+  log "starting mpiexec: ${MPI_NP} rank(s)" # every rank must report within a bounded time of this
   exec "${cmd[@]}"
 }
 
@@ -486,6 +487,9 @@ run_rank() {
   local -a pods pre
   (($#)) || die "rank: no command given"
   [[ -n "${OMPI_COMM_WORLD_RANK:-}" ]] || die "rank: not started by mpiexec (OMPI_COMM_WORLD_RANK is unset)"
+  # First thing, one line: the runner checks that every rank starts, on the pod the plan says
+  # (docs/contract.md#rank-start), and folds these lines into one.
+  printf 'AIRFLOW_MPI_RANK_START rank=%s size=%s host=%s\n' "$OMPI_COMM_WORLD_RANK" "${OMPI_COMM_WORLD_SIZE:-}" "$me"
   export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE"
   export LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"
   NODE_RANK=0

@@ -138,19 +138,42 @@ def match_fields(selector: str, obj: Obj) -> bool:
 
 @dataclass
 class LogBuffer:
-    """One container's log: (node timestamp ns, line); readers wait on the condition."""
+    """One container's log: (node timestamp ns, line); readers wait on the condition.
+
+    Like the kubelet's CRI log, an entry may be part of a line (the container wrote no newline
+    yet): ``ends[i]`` is False for such an entry. A line in parts keeps the stamp of its first
+    part, the only one a ``timestamps=true`` reader sees."""
 
     lines: list[tuple[int, str]] = field(default_factory=list)
     done: bool = False
     cond: threading.Condition = field(default_factory=threading.Condition)
+    ends: list[bool] = field(default_factory=list)  # per entry: it ends its line
 
     def append(self, ns: int, line: str) -> None:
         self.extend([(ns, line)])
 
     def extend(self, lines: list[tuple[int, str]]) -> None:
         with self.cond:
+            if self.ends and not self.ends[-1]:
+                self.ends[-1] = True  # whole lines after a part: the part's line ends first
             self.lines.extend(lines)
+            self.ends.extend([True] * len(lines))
             self.cond.notify_all()
+
+    def write(self, ns: int, text: str) -> None:
+        """Output as the container wrote it: whole lines, and a last part with no newline yet."""
+        with self.cond:
+            *whole, rest = text.split("\n")
+            for line in whole:
+                self.lines.append((self._line_start(ns), line))
+                self.ends.append(True)
+            if rest:
+                self.lines.append((self._line_start(ns), rest))
+                self.ends.append(False)
+            self.cond.notify_all()
+
+    def _line_start(self, ns: int) -> int:
+        return self.lines[-1][0] if self.ends and not self.ends[-1] else ns
 
     def close(self) -> None:
         with self.cond:
@@ -935,18 +958,22 @@ class _Handler(BaseHTTPRequestHandler):
         drop_after = double.take_log_drop() if follow else None
         self._start_chunked("text/plain")
         index, sent = 0, 0
+        line_start = True  # the next entry starts a line (the last one sent ended its line)
         while True:
             with buffer.cond:
                 while index >= len(buffer.lines) and not buffer.done and follow:
                     buffer.cond.wait(1.0)
                 batch = buffer.lines[index:]
+                ends = buffer.ends[index:]
                 index = len(buffer.lines)
                 finished = buffer.done or not follow
             out = []
-            for ns, line in batch:
+            for (ns, line), ends_line in zip(batch, ends, strict=True):
                 if ns < since_ns:
                     continue
-                out.append(f"{rfc3339_nano(ns)} {line}\n" if timestamps else f"{line}\n")
+                stamp = f"{rfc3339_nano(ns)} " if timestamps and line_start else ""
+                line_start = ends_line
+                out.append(f"{stamp}{line}\n" if ends_line else f"{stamp}{line}")
                 sent += 1
                 if drop_after is not None and sent >= drop_after:
                     if out:
@@ -988,6 +1015,8 @@ class PodScript:
     start_delay: float = 0.0
     ready_delay: float = 0.0
     lines: Callable[[], Iterator[str]] | None = None  # output; None: nothing
+    # Or output as written: parts of lines ("\r" kept, a newline only where written).
+    writes: Callable[[], Iterator[str]] | None = None
     exit_code: int | None = None  # None: run until deleted
     fail_after: float | None = None  # then terminate with fail_reason/fail_exit_code
     fail_reason: str = "Error"
@@ -1058,6 +1087,11 @@ class ScriptedKubelet:
                     buffer.extend(pending)
                     pending, flushed = [], time.monotonic()
             buffer.extend(pending)
+        if script.writes is not None and buffer is not None:
+            for text in script.writes():
+                if not self._alive(namespace, name):
+                    return
+                buffer.write(double.node_time_ns(), text)
         timed = [t for t in (script.fail_after, script.evicted_after) if t is not None]
         if script.exit_code is not None or timed:
             wait = min(timed) - (time.monotonic() - started) if timed else 0.0

@@ -41,8 +41,8 @@ from airflow_mpi.events import (
     JobEvent,
     Outcome,
 )
-from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.naming import job_selector
+from airflow_mpi.podlog import LineSplitter
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
 from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job

@@ -1,11 +1,15 @@
 """The one byte-line splitter both backends read pod output with: any chunking gives the same
-lines, ``\r`` before a newline goes, and a line past the cap is cut and marked."""
+lines, ``\r`` before a newline goes, a line rewritten with ``\r`` keeps its latest state, and a
+line past the cap is cut and marked."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from airflow_mpi.logstream import CUT_MARK, TAIL_LINES, LineSplitter, format_tail
+from airflow_mpi.logstream import TAIL_LINES, format_tail
+from airflow_mpi.podlog import CUT_MARK, LineSplitter
 
 TEXT = b"first\r\nsecond\n\nthird \xe2\x9c\x93\r\r\nlast without newline"
 LINES = ["first", "second", "", "third \u2713", "last without newline"]
@@ -24,8 +28,69 @@ def test_any_chunking_gives_the_same_lines(size: int) -> None:
     assert split(TEXT, size) == LINES
 
 
-def test_carriage_returns_before_the_newline_are_dropped_others_kept() -> None:
-    assert split(b"a\r\nb\r\r\nprogress\r50%\r100%\n", 4) == ["a", "b", "progress\r50%\r100%"]
+def test_carriage_returns_before_the_newline_are_dropped_a_rewritten_line_keeps_its_last_state() -> None:
+    # "\r" + state marks a line that overwrote earlier states (a progress bar); one state is a plain line.
+    text = b"a\r\nb\r\r\nprogress\r50%\r100%\n\r\rfirst only\r\n\r\n50%\r\r\n"
+    for size in (1, 2, 4, 100):
+        assert split(text, size) == ["a", "b", "\r100%", "first only", "", "50%"], size
+
+
+def reference(data: bytes, limit: int) -> list[str]:
+    """What the splitter must give, computed line by line at once: the last non-empty state of
+    each line, cut at the limit, marked when it overwrote others."""
+    lines = data.split(b"\n")
+    last = lines.pop()
+    out = []
+    for line in lines + ([last] if last.strip(b"\r") else []):
+        states = [state for state in line.split(b"\r") if state]
+        text = (states or [b""])[-1]
+        shown = text.decode() if len(text) <= limit else text[:limit].decode() + CUT_MARK
+        out.append("\r" + shown if len(states) > 1 else shown)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_progress_lines_any_chunking_match_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    alphabet = [b"a", b"bb", b"\r", b"\n", b"\r\n", b"0123456789" * 3]
+    data = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 300)))
+    splitter, lines, pos = LineSplitter(max_bytes=16), [], 0
+    while pos < len(data):
+        size = rng.randint(1, 40)
+        lines += splitter.feed(data[pos : pos + size])
+        pos += size
+    assert lines + splitter.flush() == reference(data, 16)
+
+
+def test_a_bar_updated_100k_times_keeps_one_state_and_reports_the_latest() -> None:
+    splitter = LineSplitter()
+    snapshots = []
+    for i in range(1, 100_001):
+        assert splitter.feed(f"\r{i:>6}/100000 |{'#' * (i // 5000):<20}|".encode()) == []
+        assert len(splitter._partial) <= 64 * 1024
+        if i % 10_000 == 0:
+            snapshots.append(splitter.progress())
+    assert snapshots[0] == "\r  9999/100000 |#                   |"  # the last finished state
+    assert splitter.progress() is None  # nothing new since
+    (line,) = splitter.feed(b"\n")
+    assert line == "\r100000/100000 |####################|"
+
+
+def test_progress_reports_each_new_state_once_and_never_a_crlf_split_across_chunks() -> None:
+    splitter = LineSplitter()
+    splitter.feed(b"plain line\r")
+    assert splitter.progress() is None  # may be "\r\n" split across two chunks
+    assert splitter.feed(b"\n") == ["plain line"]
+    splitter.feed(b"\r 1%\r 2%")
+    assert splitter.progress() == "\r 1%" and splitter.progress() is None
+    splitter.feed(b"\r 3%\r")
+    assert splitter.progress() == "\r 3%"
+    assert splitter.flush() == ["\r 3%"]  # the stream ended inside the bar: its last state
+
+
+def test_each_state_of_a_progress_line_is_cut_on_its_own() -> None:
+    assert split(b"x" * 40 + b"\r" + b"y" * 40 + b"\n", 7, max_bytes=16) == ["\r" + "y" * 16 + CUT_MARK]
+    assert split(b"x" * 40 + b"\rshort\n", 7, max_bytes=16) == ["\rshort"]
 
 
 def test_flush_is_empty_after_a_final_newline() -> None:

@@ -1,5 +1,6 @@
 """LogCursor: a Kubernetes log stream resumed from the whole second of its last line shows every
-line exactly once, with equal timestamps, any drop points, and any clock offset of the node."""
+line exactly once, with equal timestamps, any drop points, and any clock offset of the node; and,
+read byte by byte (``TimestampedLogSplitter``), every byte once, a line broken off mid-way included."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import random
 
 import pytest
 
-from airflow_mpi.logstream import LogCursor, format_since_time, parse_log_timestamp, split_timestamped
+from airflow_mpi.logcursor import (
+    LogCursor,
+    TimestampedLogSplitter,
+    format_since_time,
+    parse_log_timestamp,
+    split_timestamped,
+)
+from airflow_mpi.podlog import RankLineSplitter
 from airflow_mpi.testing.kube_double import rfc3339_nano
 
 SECOND = 1_000_000_000
@@ -64,3 +72,48 @@ def test_cursor_round_trips_through_a_dict() -> None:
         cursor.accept(stamp)
     again = LogCursor.from_dict(cursor.to_dict())
     assert (again.last_ns, again.count) == (7, 1)
+
+
+def kubelet_log(entries: list[tuple[int, bytes, bool]], since: str | None) -> bytes:
+    """A followed ``timestamps=true`` log from ``sinceTime`` on: each line stamped once, at its
+    start, however many pieces it was written in (``ends``: the piece ends the line)."""
+    start = parse_log_timestamp(since) if since else 0
+    out, at_start = bytearray(), True
+    for ns, piece, ends in entries:
+        if at_start and ns >= start:
+            out += rfc3339_nano(ns).encode() + b" "
+        if ns >= start:
+            out += piece + (b"\n" if ends else b"")
+        at_start = ends
+    return bytes(out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_streams_broken_off_at_any_byte_give_every_byte_once(seed: int) -> None:
+    rng = random.Random(seed)
+    now = 1_795_982_401 * SECOND + rng.randrange(SECOND)
+    entries: list[tuple[int, bytes, bool]] = []
+    reference = []
+    for i in range(rng.randint(20, 200)):
+        now += rng.choice([0, 0, 1, 10**6, 3 * 10**8, 1_200_000_000])
+        pieces = rng.randint(1, 4)  # a line written in pieces keeps its first stamp
+        text = ""
+        for p in range(pieces):  # mpiexec tags each piece it reads
+            repeat = rng.randint(1, 30)
+            entries.append((now, f"[1,0]<stdout>:{i}.{p}|".encode() * repeat, p == pieces - 1))
+            text += f"{i}.{p}|" * repeat
+        reference.append(f"[1,0]<stdout>:{text}")
+    cursor, lines = LogCursor(), RankLineSplitter()
+    shown: list[str] = []
+    for drop in range(30):
+        stream = TimestampedLogSplitter(cursor, lines)
+        data = kubelet_log(entries, cursor.resume())
+        cut = rng.randint(0, len(data)) if drop < 29 else len(data)
+        pos = 0
+        while pos < cut:
+            size = rng.randint(1, 300)
+            shown += stream.feed(data[pos : min(pos + size, cut)])
+            pos += size
+        if cut == len(data):
+            break
+    assert shown + lines.flush() == reference

@@ -1,9 +1,14 @@
-"""Master output tracking: failed rank and code, results, bounded memory, rank placement."""
+"""Master output tracking: failed rank and code, results (and why one is refused), bounded
+memory, rank placement, progress bars thinned for the task log."""
 
 from __future__ import annotations
 
-from airflow_mpi.logstream import OutputTracker, build_log_records, build_rank_pods
+import json
+
+from airflow_mpi.contract import RESULT_MAX_BYTES
+from airflow_mpi.logstream import OutputTracker, ProgressFilter, build_log_records, build_rank_pods
 from airflow_mpi.naming import build_job_name
+from airflow_mpi.podlog import CUT_MARK, PartialLine
 from airflow_mpi.topology import build_topology
 from tests.helpers import IDENTITY, spec_from
 
@@ -71,7 +76,63 @@ def test_result_from_lowest_rank_and_bad_json_reported() -> None:
         ]
     )
     assert tracker.result == {"acc": 0.9}
-    assert tracker.result_errors and "rank 2" in tracker.result_errors[0]
+    (error,) = tracker.result_errors
+    assert error.startswith("rank 2: its AIRFLOW_MPI_RESULT line is not JSON (Expecting property name")
+    assert "json.dumps(value)" in error  # the fix
+
+
+def test_oversized_and_cut_results_are_refused_naming_the_rank_and_the_limit() -> None:
+    big = json.dumps({"w": "x" * RESULT_MAX_BYTES})
+    tracker = OutputTracker()
+    tracker.feed(
+        [
+            f"[1,3]<stdout>:AIRFLOW_MPI_RESULT {big}",
+            "[1,4]<stdout>:AIRFLOW_MPI_RESULT {" + '"w": "' + "y" * 100 + CUT_MARK,
+            'AIRFLOW_MPI_RESULT {"untagged": true}',
+        ]
+    )
+    assert tracker.result == {"untagged": True}  # no tagged rank gave a valid one
+    size_error, cut_error = tracker.result_errors
+    assert size_error.startswith(f"rank 3: its AIRFLOW_MPI_RESULT line holds {len(big)} bytes, over the 32 KiB")
+    assert cut_error.startswith("rank 4: its AIRFLOW_MPI_RESULT line was cut at the 64 KiB line cap")
+    exact = json.dumps("z" * (RESULT_MAX_BYTES - 2))  # exactly the limit is fine
+    tracker.feed([f"[1,0]<stdout>:AIRFLOW_MPI_RESULT {exact}"])
+    assert tracker.result == "z" * (RESULT_MAX_BYTES - 2)
+
+
+def test_refused_results_are_counted_past_the_ones_described() -> None:
+    tracker = OutputTracker()
+    tracker.feed(f"[1,{rank}]<stdout>:AIRFLOW_MPI_RESULT nope" for rank in range(12))
+    assert len(tracker.result_errors) == 5 and tracker.result_error_count == 12
+    assert tracker.result is None
+
+
+def test_a_bar_updated_100k_times_in_10_seconds_shows_11_states_and_the_last() -> None:
+    bars = ProgressFilter(interval=1.0)
+    shown = []
+    for i in range(1, 100_001):
+        state = PartialLine(f"[1,0]<stderr>:\r{i}/100000") if i < 100_000 else "[1,0]<stderr>:\r100000/100000"
+        shown += bars.feed([state], now=i / 10_000)
+        shown += bars.due(now=i / 10_000)
+    shown += bars.flush()
+    assert len(shown) <= 12 and shown[0] == "[1,0]<stderr>:1/100000"
+    assert shown[-1] == "[1,0]<stderr>:100000/100000"
+    assert all("\r" not in line for line in shown)
+
+
+def test_a_held_state_comes_before_the_ranks_next_line_and_other_ranks_pass() -> None:
+    bars = ProgressFilter(interval=1.0)
+    assert bars.feed(["[1,0]<stderr>:\r1%"], now=0.0) == ["[1,0]<stderr>:1%"]
+    assert bars.feed(["[1,0]<stderr>:\r2%", "[1,1]<stdout>:other rank"], now=0.1) == ["[1,1]<stdout>:other rank"]
+    assert bars.due(now=0.5) == []
+    assert bars.feed(["[1,0]<stderr>:done"], now=0.6) == ["[1,0]<stderr>:2%", "[1,0]<stderr>:done"]
+    assert bars.feed(["[1,0]<stderr>:\r9%"], now=0.7) == []
+    assert bars.due(now=1.2) == []  # 0.6 s since 2% was shown
+    assert bars.due(now=1.6) == ["[1,0]<stderr>:9%"]
+    assert bars.feed(["untagged\rprogress"], now=2.0) == ["untagged\rprogress"]  # "\r" not first: a plain line
+    # The rank's last state comes before its next line on stdout too (tqdm on stderr, print on stdout).
+    assert bars.feed(["[1,0]<stderr>:\r100%"], now=2.1) == []
+    assert bars.feed(["[1,0]<stdout>:training done"], now=2.2) == ["[1,0]<stderr>:100%", "[1,0]<stdout>:training done"]
 
 
 def test_memory_stays_bounded() -> None:
