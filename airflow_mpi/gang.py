@@ -119,3 +119,24 @@ def render_gang_manifests(
         objects.append(pod_group)
     objects += [mark_pod(plan, render_pod(plan, pod, namespace, owner)) for pod in plan.pods]
     return objects
+
+
+# Why a pod is not scheduled while its group waits: the scheduler's verdict or Kueue's gate.
+WAITING_REASONS = ("Unschedulable", "SchedulingGated")
+
+
+def describe_group_wait(pods: list[Manifest]) -> str | None:
+    """Why the group waits for admission, or None once any of its pods was scheduled (from then
+    on the usual rules apply). A group waits when none of its pods is scheduled and one says why
+    (``PodScheduled=False``); the reason names the queue, group or missing room when it can."""
+    if not pods:
+        return None
+    reason = None
+    for pod in pods:
+        conditions = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+        scheduled = conditions.get("PodScheduled") or {}
+        if scheduled.get("status") == "True":
+            return None
+        if scheduled.get("status") == "False" and scheduled.get("reason") in WAITING_REASONS:
+            reason = reason or scheduled.get("message") or scheduled.get("reason")
+    return f"queued: {reason}" if reason else None

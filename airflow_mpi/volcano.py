@@ -34,6 +34,7 @@ from airflow_mpi.naming import LABEL_INDEX
 from airflow_mpi.plan import JobPlan, PodPlan
 from airflow_mpi.spec import Gang, Role
 from airflow_mpi.ssh import SshMaterial
+from airflow_mpi.status import PodState
 
 VOLCANO_JOB = ("batch.volcano.sh", "v1alpha1", "jobs", "Job")
 DEFAULT_QUEUE = "default"
@@ -174,3 +175,27 @@ def _downward_pod_name(item: dict[str, Any]) -> dict[str, Any]:
     if item["name"] != contract.ENV_POD_NAME:
         return item
     return {"name": item["name"], "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+
+
+def without_policy_kills(states: list[PodState]) -> list[PodState]:
+    """Pod states with the pods the job's own policy deleted left out: once one pod ended by
+    itself (the master's success, a rank's failure), Volcano deletes the running rest, and those
+    are not what decided the job."""
+    if not any(state.ended and state.reason != "Deleted" for state in states):
+        return states
+    return [state for state in states if state.reason != "Deleted"]
+
+
+def describe_volcano_wait(job: Manifest | None) -> str | None:
+    """Why a Volcano Job has no running pods yet (its PodGroup waits in the queue), or None once
+    the queue admitted it (its pods exist: the pod rules apply from then on)."""
+    if job is None:
+        return None
+    phase = ((job.get("status") or {}).get("state") or {}).get("phase", "")
+    if phase not in QUEUED_PHASES:
+        return None
+    counts = job.get("status") or {}
+    if any(counts.get(key) for key in ("pending", "running", "succeeded", "failed")):
+        return None
+    queue = job.get("spec", {}).get("queue", DEFAULT_QUEUE)
+    return f"queued in Volcano queue {queue!r}: job {phase or 'not yet seen by the controller'}"

@@ -89,3 +89,13 @@ class DeferrableBackend(ReattachableBackend, Protocol):
     watches the pods through this Airflow connection."""
 
     kubernetes_conn_id: str
+
+
+@runtime_checkable
+class QueueAwareBackend(Backend, Protocol):
+    """A backend whose jobs may wait for a gang scheduler or a queue to admit them: while they
+    do, the job is queued, not stuck (``startup_timeout`` waits; ``scheduling.queue_timeout``
+    bounds it)."""
+
+    def queue_status(self, job_name: str) -> str | None:
+        """Why the job waits for admission now (queue, group, missing room), or None once admitted."""

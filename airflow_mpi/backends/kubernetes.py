@@ -37,6 +37,12 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
+from airflow_mpi.gang import (
+    KUEUE_WORKLOAD,
+    POD_GROUP_KINDS,
+    describe_group_wait,
+    render_gang_manifests,
+)
 from airflow_mpi.logstream import LineSplitter, LogCursor, split_timestamped
 from airflow_mpi.manifests import PLACEHOLDER_UID, render_manifests, render_owner_reference
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
@@ -149,7 +155,7 @@ class KubernetesBackend:
 
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
-        manifests = render_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
+        manifests = render_gang_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
         service = self._create_service(namespace, manifests[0])
         owner = render_owner_reference(plan, service["metadata"]["uid"])
         # Watch from the Service's version: every event of the pods created next is seen.
@@ -157,10 +163,14 @@ class KubernetesBackend:
         try:
             for manifest in manifests[1:]:
                 manifest["metadata"]["ownerReferences"] = [owner]
-            secret, config_map, *workers, master = manifests[1:]
-            job.master_manifest = master
+            secret, config_map, *rest = manifests[1:]
             self._create(namespace, "secrets", secret)
             self._create(namespace, "configmaps", config_map)
+            if plan.spec.scheduling.gang is not None:
+                self._create_gang(namespace, job, rest)
+                return
+            *workers, master = rest
+            job.master_manifest = master
             if workers:
                 with ThreadPoolExecutor(max_workers=min(self.create_concurrency, len(workers))) as pool:
                     for _ in pool.map(lambda pod: self._create(namespace, "pods", pod), workers):
@@ -168,6 +178,31 @@ class KubernetesBackend:
         except BaseException:
             self.teardown(plan.job_name)
             raise
+
+    def _create_gang(self, namespace: str, job: _Job, objects: list[Obj]) -> None:
+        """A gang waits until all its pods exist: the PodGroup, then the master with the workers
+        at once (the master's launch script waits for the workers' sshd itself)."""
+        from airflow_mpi.backends.custom_objects import CustomObjects
+
+        pods = [obj for obj in objects if obj["kind"] == "Pod"]
+        gang = job.plan.spec.scheduling.gang if job.plan else None
+        for group in (obj for obj in objects if obj["kind"] != "Pod"):
+            if gang in POD_GROUP_KINDS:
+                CustomObjects(self.api_client).create(namespace, POD_GROUP_KINDS[gang], group)
+        job.roles[job.master] = Role.MASTER
+        with ThreadPoolExecutor(max_workers=min(self.create_concurrency, len(pods))) as pool:
+            for _ in pool.map(lambda pod: self._create(namespace, "pods", pod), pods):
+                pass
+
+    def queue_status(self, job_name: str) -> str | None:
+        """Why a gang-scheduled job waits for admission (its pods say), or None; a job without
+        a gang setting is never queued here: ``startup_timeout`` covers unschedulable pods."""
+        job = self._job(job_name)
+        if job.plan is None or job.plan.spec.scheduling.gang is None:
+            return None
+        with job.watcher.cond:
+            pods = list(job.watcher.table.pods.values())
+        return describe_group_wait(pods)
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> _Job:
         job = _Job(
@@ -278,6 +313,8 @@ class KubernetesBackend:
 
     def start_master(self, job_name: str) -> None:
         job = self._job(job_name)
+        if job.plan is not None and job.plan.spec.scheduling.gang is not None:
+            return  # created with the workers (a gang starts whole)
         if job.master_manifest is None:  # adopted after a deferral: the job's Service owns it
             if job.plan is None:
                 raise LaunchError(f"job {job_name}: no plan to render its master from")
@@ -418,6 +455,7 @@ class KubernetesBackend:
         except Exception as error:
             if api_status(error) != NOT_FOUND:
                 raise translate(error, f"deleting job {job_name} (its service) in {namespace}") from error
+        self._delete_kueue_workload(job, job_name, namespace)
         if job is None:
             return
         watcher = job.watcher
@@ -433,6 +471,16 @@ class KubernetesBackend:
                 self._api("delete", "pods")(pod, namespace, _preload_content=False)
         job.final_pods = left
         watcher.stop()
+
+    def _delete_kueue_workload(self, job: _Job | None, job_name: str, namespace: str) -> None:
+        """Kueue keeps a finalizer on the group's pods until its Workload (named after the group,
+        the job) finishes, which never happens while workers run: delete it, and Kueue lets go."""
+        if job is None or job.plan is None or job.plan.spec.scheduling.gang is None:
+            return
+        from airflow_mpi.backends.custom_objects import CustomObjects
+
+        if job.plan.spec.scheduling.gang.value == "kueue":
+            CustomObjects(self.api_client).delete(namespace, KUEUE_WORKLOAD, job_name)
 
     def leftovers(self, job_name: str) -> list[str]:
         """What of the job still exists, by listing (Services, Secrets, ConfigMaps, and the pods
