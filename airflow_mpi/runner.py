@@ -321,6 +321,8 @@ class JobRunner:
         """The error a deferred wait's event stands for, as the synchronous flow raises it; None
         when the job goes on (workers ready) or the master's own end decides (``finish``)."""
         status, wait_for = event["status"], event["wait_for"]
+        if status == STATUS_TIMEOUT and "scheduling.queue_timeout" in event.get("reason", ""):
+            return JobTimeout(f"MPI job {self.job_name} {event.get('reason', '')}")
         if status == STATUS_TIMEOUT and wait_for == WAIT_READY:
             return SshdNotReady(event.get("reason", ""))
         if status == STATUS_TIMEOUT:

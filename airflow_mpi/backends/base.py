@@ -99,3 +99,7 @@ class QueueAwareBackend(Backend, Protocol):
 
     def queue_status(self, job_name: str) -> str | None:
         """Why the job waits for admission now (queue, group, missing room), or None once admitted."""
+
+    def starts_master_with_workers(self, plan: JobPlan) -> bool:
+        """Whether ``create`` already starts the master (a gang starts whole); ``start_master``
+        then has nothing to do and the master's launch script waits for the workers' sshd."""

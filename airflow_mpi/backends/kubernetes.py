@@ -194,6 +194,9 @@ class KubernetesBackend:
             for _ in pool.map(lambda pod: self._create(namespace, "pods", pod), pods):
                 pass
 
+    def starts_master_with_workers(self, plan: JobPlan) -> bool:
+        return plan.spec.scheduling.gang is not None
+
     def queue_status(self, job_name: str) -> str | None:
         """Why a gang-scheduled job waits for admission (its pods say), or None; a job without
         a gang setting is never queued here: ``startup_timeout`` covers unschedulable pods."""

@@ -58,6 +58,9 @@ class VolcanoBackend(KubernetesBackend):
             self.teardown(plan.job_name)
             raise
 
+    def starts_master_with_workers(self, plan: JobPlan) -> bool:
+        return True
+
     def start_master(self, job_name: str) -> None:
         """Nothing to do: Volcano starts the master with the workers; its launch script waits
         for their sshd."""

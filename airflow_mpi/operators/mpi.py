@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from airflow_mpi.backends.base import Backend, DeferrableBackend
+from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError
 from airflow_mpi.hooks.mpi import MPIJobHook
@@ -132,6 +132,9 @@ class MPIJobOperator(BaseOperator):
         except BaseException:
             runner.teardown()
             raise
+        if _starts_master_with_workers(runner):
+            runner.marks["mpiexec_started"] = time.time()
+            self._defer(runner, WAIT_FINISHED)  # a gang starts whole: its master waits for sshd
         self._defer(runner, WAIT_READY)
 
     def _defer(self, runner: JobRunner, wait_for: str) -> NoReturn:
@@ -140,6 +143,8 @@ class MPIJobOperator(BaseOperator):
         plan, backend = runner.plan, self._deferrable(runner.backend)
         spec = plan.spec
         timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
+        gang = _starts_master_with_workers(runner)
+        queue_timeout = spec.scheduling.queue_timeout
         self.defer(
             trigger=MPIJobTrigger(
                 job_name=plan.job_name,
@@ -153,6 +158,8 @@ class MPIJobOperator(BaseOperator):
                 ssh_port=spec.ssh_port,
                 try_number=plan.identity.try_number,
                 marks=runner.marks,
+                gang=gang,
+                queue_deadline=time.time() + queue_timeout if gang and queue_timeout else None,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 300),
@@ -239,6 +246,11 @@ class _Progress:
                 self.store.delete(PROGRESS_KEY)
             except Exception:
                 self.store = None
+
+
+def _starts_master_with_workers(runner: JobRunner) -> bool:
+    backend = runner.backend
+    return isinstance(backend, QueueAwareBackend) and backend.starts_master_with_workers(runner.plan)
 
 
 def run_identity(context: Context) -> RunIdentity:

@@ -20,6 +20,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_mpi.backends.k8s_errors import GONE, api_status
 from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent, Outcome
+from airflow_mpi.gang import describe_group_wait
 from airflow_mpi.logstream import LineSplitter
 from airflow_mpi.naming import job_selector
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
@@ -46,6 +47,8 @@ class MPIJobTrigger(BaseTrigger):
         ssh_port: int = 22,
         try_number: int = 1,
         marks: dict[str, float] | None = None,
+        gang: bool = False,
+        queue_deadline: float | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.job_name = job_name
@@ -60,6 +63,10 @@ class MPIJobTrigger(BaseTrigger):
         # Handed back in the event: the operator resumes as a new object that knows nothing.
         self.try_number = try_number
         self.marks = dict(marks or {})
+        # A gang-scheduled job may wait for admission: its deadline moves on while it does,
+        # and ``queue_deadline`` (scheduling.queue_timeout, epoch seconds) bounds that wait.
+        self.gang = gang
+        self.queue_deadline = queue_deadline
         self._fired = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -77,6 +84,8 @@ class MPIJobTrigger(BaseTrigger):
                 "ssh_port": self.ssh_port,
                 "try_number": self.try_number,
                 "marks": dict(self.marks),
+                "gang": self.gang,
+                "queue_deadline": self.queue_deadline,
             },
         )
 
@@ -89,6 +98,16 @@ class MPIJobTrigger(BaseTrigger):
 
     def decide(self, table: PodTable) -> Outcome | None:
         """The outcome to fire for the pods as they are now, or None to keep waiting."""
+        if self.gang:
+            queued = describe_group_wait(list(table.pods.values())) or (
+                None if table.pods else "queued: the job's pods do not exist yet"
+            )
+            if queued is not None:
+                now = time.time()
+                if self.queue_deadline is not None and now >= self.queue_deadline:
+                    return {"status": STATUS_TIMEOUT, "reason": f"waited past scheduling.queue_timeout: {queued}"}
+                self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
+                return None
         states = table.states(self.roles)
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
@@ -130,7 +149,8 @@ class MPIJobTrigger(BaseTrigger):
                     if outcome is not None:
                         yield self._fire(outcome)
                         return
-                    timeout = max(1, min(WATCH_SECONDS, int(self.deadline - time.time()) + 1))
+                    wake = min(self.deadline, self.queue_deadline or self.deadline)
+                    timeout = max(1, min(WATCH_SECONDS, int(wake - time.time()) + 1))
                     response: Any = await core.list_namespaced_pod(
                         self.namespace,
                         label_selector=selector,

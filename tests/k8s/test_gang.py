@@ -232,3 +232,42 @@ def test_custom_objects_sent_pass_their_crd(cluster: tuple[KubeDouble, GangContr
     custom = [o for o in kube.created if o.get("apiVersion", "v1") != "v1"]
     assert {o["kind"] for o in custom} == {"Job", "PodGroup"}
     assert all(crd_errors(o) == [] for o in custom)
+
+
+def _waiting_pod(name: str, role: str) -> dict[str, Any]:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "pod group waits"}
+    return {
+        "metadata": {"name": name, "resourceVersion": "5", "labels": {"airflow-mpi.io/role": role}},
+        "status": {"phase": "Pending", "conditions": [condition]},
+    }
+
+
+def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeout() -> None:
+    from airflow_mpi.status import PodTable
+    from airflow_mpi.triggers.mpi import MPIJobTrigger
+
+    fields: dict[str, Any] = {
+        "job_name": "job-1",
+        "namespace": "default",
+        "kubernetes_conn_id": "kube_double",
+        "wait_for": "finished",
+        "deadline": time.time() - 1,  # the job's timeout has passed...
+        "worker_pods": ["job-1-worker-0"],
+        "master_pod": "job-1-master-0",
+        "timeout": 30.0,
+        "gang": True,
+    }
+    table = PodTable()
+    table.replace([_waiting_pod("job-1-master-0", "master"), _waiting_pod("job-1-worker-0", "worker")], "5")
+    trigger = MPIJobTrigger(**fields)
+    assert trigger.decide(table) is None  # ...but the job is queued, not stuck
+    assert trigger.deadline > time.time() + 25
+    assert trigger.decide(PodTable()) is None  # no pods yet (Volcano: before admission)
+    bounded = MPIJobTrigger(**{**fields, "queue_deadline": time.time() - 1})
+    outcome = bounded.decide(table)
+    assert outcome is not None and outcome["status"] == "timeout"
+    assert "scheduling.queue_timeout" in outcome["reason"] and "pod group waits" in outcome["reason"]
+    assert MPIJobTrigger(**{**fields, "gang": False}).decide(table) == {
+        "status": "timeout",
+        "reason": "the job ran past its timeout of 30s",
+    }
