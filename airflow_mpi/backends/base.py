@@ -103,3 +103,7 @@ class QueueAwareBackend(Backend, Protocol):
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         """Whether ``create`` already starts the master (a gang starts whole); ``start_master``
         then has nothing to do and the master's launch script waits for the workers' sshd."""
+
+    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
+        """(group, version, plural) of the custom objects named after the job that a kill must
+        delete too (a Volcano Job, a Kueue Workload); the Service takes the rest along."""

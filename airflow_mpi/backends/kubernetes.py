@@ -197,6 +197,10 @@ class KubernetesBackend:
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         return plan.spec.scheduling.gang is not None
 
+    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
+        gang = plan.spec.scheduling.gang
+        return [KUEUE_WORKLOAD[:3]] if gang is not None and gang.value == "kueue" else []
+
     def queue_status(self, job_name: str) -> str | None:
         """Why a gang-scheduled job waits for admission (its pods say), or None; a job without
         a gang setting is never queued here: ``startup_timeout`` covers unschedulable pods."""

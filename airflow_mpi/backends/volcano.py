@@ -61,6 +61,9 @@ class VolcanoBackend(KubernetesBackend):
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         return True
 
+    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
+        return [VOLCANO_JOB[:3]]
+
     def start_master(self, job_name: str) -> None:
         """Nothing to do: Volcano starts the master with the workers; its launch script waits
         for their sshd."""

@@ -145,6 +145,7 @@ class MPIJobOperator(BaseOperator):
         timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
         gang = _starts_master_with_workers(runner)
         queue_timeout = spec.scheduling.queue_timeout
+        custom = backend.custom_objects_to_delete(plan) if isinstance(backend, QueueAwareBackend) else []
         self.defer(
             trigger=MPIJobTrigger(
                 job_name=plan.job_name,
@@ -160,6 +161,7 @@ class MPIJobOperator(BaseOperator):
                 marks=runner.marks,
                 gang=gang,
                 queue_deadline=time.time() + queue_timeout if gang and queue_timeout else None,
+                custom_objects=[list(kind) for kind in custom],
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 300),

@@ -49,6 +49,7 @@ class MPIJobTrigger(BaseTrigger):
         marks: dict[str, float] | None = None,
         gang: bool = False,
         queue_deadline: float | None = None,
+        custom_objects: list[list[str]] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.job_name = job_name
@@ -67,6 +68,8 @@ class MPIJobTrigger(BaseTrigger):
         # and ``queue_deadline`` (scheduling.queue_timeout, epoch seconds) bounds that wait.
         self.gang = gang
         self.queue_deadline = queue_deadline
+        # [group, version, plural] of custom objects named after the job, deleted on a kill.
+        self.custom_objects = [list(kind) for kind in custom_objects or []]
         self._fired = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -86,6 +89,7 @@ class MPIJobTrigger(BaseTrigger):
                 "marks": dict(self.marks),
                 "gang": self.gang,
                 "queue_deadline": self.queue_deadline,
+                "custom_objects": [list(kind) for kind in self.custom_objects],
             },
         )
 
@@ -192,9 +196,14 @@ class MPIJobTrigger(BaseTrigger):
         if self._fired:
             return
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-        from kubernetes_asyncio.client import CoreV1Api, V1DeleteOptions
+        from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 
         async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
+            for group, version, plural in self.custom_objects:
+                with contextlib.suppress(Exception):
+                    await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                        group, version, self.namespace, plural, self.job_name, body=V1DeleteOptions()
+                    )
             with contextlib.suppress(Exception):
                 await CoreV1Api(api_client).delete_namespaced_service(
                     self.job_name, self.namespace, body=V1DeleteOptions(propagation_policy="Background")

@@ -271,3 +271,42 @@ def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeo
         "status": "timeout",
         "reason": "the job ran past its timeout of 30s",
     }
+
+
+@pytest.mark.parametrize("scheduling", [pytest.param(None, id="volcano-backend"), GANGS[2]])
+def test_killing_a_deferred_gang_job_deletes_its_custom_objects_too(
+    cluster: tuple[KubeDouble, GangControllers], monkeypatch: pytest.MonkeyPatch, scheduling: dict[str, Any] | None
+) -> None:
+    import asyncio
+
+    from airflow_mpi.triggers.mpi import MPIJobTrigger
+    from tests.k8s.conftest import install_connections
+
+    kube, controllers = cluster
+    install_connections(monkeypatch, kube)
+    controllers.hold_admission(60)  # killed while queued
+    backend = volcano_backend(kube) if scheduling is None else kubernetes_backend(kube)
+    plan = make_plan(scheduling, workers=1)
+    backend.create(plan)
+    deadline = time.monotonic() + 10
+    while not any(kube.list_objects(p, "default") for p in (*CUSTOM_PLURALS, "workloads.kueue.x-k8s.io")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    trigger = MPIJobTrigger(
+        job_name=plan.job_name,
+        namespace="default",
+        kubernetes_conn_id="kube_double",
+        wait_for="finished",
+        deadline=time.time() + 30,
+        worker_pods=[plan.workers[0].name],
+        master_pod=plan.master.name,
+        timeout=30.0,
+        gang=True,
+        custom_objects=[list(kind) for kind in backend.custom_objects_to_delete(plan)],
+    )
+    asyncio.run(trigger.on_kill())
+    deadline = time.monotonic() + 10
+    while nothing_left(kube, plan.job_name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert nothing_left(kube, plan.job_name) == []
+    backend.release(plan.job_name)
