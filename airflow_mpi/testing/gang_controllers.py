@@ -73,6 +73,7 @@ class GangControllers:
         self.log: list[str] = []  # what happened, in order (admissions, actions), for tests
         self.made_workloads: set[tuple[str, str]] = set()
         self.admissions: list[tuple[float, str]] = []  # (time.monotonic(), group), in order
+        self.started: set[tuple[str, str]] = set()  # (ns, pod) handed to the kubelet, once each
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.RLock()
@@ -112,9 +113,22 @@ class GangControllers:
         return None
 
     def _held(self, pod: Obj) -> bool:
+        """The double's gate on create: hold a member of a group not admitted yet, and never let
+        a pod start twice (its group may be admitted while it is being created)."""
         group = self.group_of(pod)
+        if group is None:
+            return False
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         with self._lock:
-            return group is not None and group not in self.admitted
+            if group not in self.admitted or key in self.started:
+                return True
+            self.started.add(key)
+            return False
+
+    def _start(self, namespace: str, name: str) -> None:
+        if (namespace, name) not in self.started:
+            self.started.add((namespace, name))
+            self.double.start_pod(namespace, name)
 
     def _kueue_webhook(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -221,14 +235,14 @@ class GangControllers:
             for pod in members:  # late members of an admitted group start at once
                 if (pod["metadata"]["namespace"], pod["metadata"]["name"]) not in self.placements:
                     self.placements[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = 0
-                    self.double.start_pod(key[0], pod["metadata"]["name"])
+                    self._start(key[0], pod["metadata"]["name"])
             self._set_group_phase(plural, group, "Running")
             return
         need = int(group["spec"].get("minMember") or 1)
         fits = self._fits([_gpus(pod) for pod in members]) is not None and time.monotonic() >= self.hold_until
         if len(members) >= need and members and self._admit(key, members):
             for pod in members:
-                self.double.start_pod(key[0], pod["metadata"]["name"])
+                self._start(key[0], pod["metadata"]["name"])
             self._set_group_phase(plural, group, "Running")
             return
         volcano = plural == self.volcano_groups
@@ -270,7 +284,7 @@ class GangControllers:
                 self.double.update_object(self.workloads, namespace, name, self._admitted_status)
                 for pod in live:
                     self.double.update_object("pods", namespace, pod["metadata"]["name"], _ungate)
-                    self.double.start_pod(namespace, pod["metadata"]["name"])
+                    self._start(namespace, pod["metadata"]["name"])
             else:
                 for pod in live:
                     self._mark_waiting(pod, f"waiting for quota in LocalQueue {_queue_of(pod)} (workload {name})")
