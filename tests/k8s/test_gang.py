@@ -28,6 +28,7 @@ GANGS = [
     pytest.param({"gang": "coscheduling"}, id="coscheduling"),
     pytest.param({"gang": "kueue", "queue": "training"}, id="kueue"),
 ]
+EVERY_OPTION = [pytest.param(None, id="volcano-backend"), *GANGS]
 CUSTOM_PLURALS = ("jobs.batch.volcano.sh", "podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io")
 
 
@@ -76,6 +77,11 @@ def kubernetes_backend(kube: KubeDouble) -> KubernetesBackend:
     return KubernetesBackend(api_client=api_client_for(kube), namespace="default")
 
 
+def backend_for(kube: KubeDouble, scheduling: dict[str, Any] | None) -> KubernetesBackend:
+    """The Volcano backend for ``None``, else the Kubernetes backend with that gang setting."""
+    return volcano_backend(kube) if scheduling is None else kubernetes_backend(kube)
+
+
 def run(backend: KubernetesBackend, plan: JobPlan, log: Log | None = None) -> JobResult:
     return JobRunner(backend, plan, log if log is not None else Log()).run()
 
@@ -107,36 +113,46 @@ def test_volcano_backend_runs_a_job_and_leaves_nothing(cluster: tuple[KubeDouble
     assert nothing_left(kube, plan.job_name) == []
 
 
-def test_volcano_rank_failure_names_the_rank(cluster: tuple[KubeDouble, GangControllers], scripts: Scripts) -> None:
+@pytest.mark.parametrize("scheduling", EVERY_OPTION)
+def test_rank_failure_names_the_rank(
+    cluster: tuple[KubeDouble, GangControllers], scripts: Scripts, scheduling: dict[str, Any] | None
+) -> None:
     kube, _ = cluster
     output = ["[1,2]<stderr>:RuntimeError: NCCL error", "  Process name: [[1,1],2]", "  Exit code:    3"]
     scripts.on("-master-", PodScript(lines=lambda: iter(output), exit_code=3))
-    plan = make_plan(workers=2)
+    plan = make_plan(scheduling, workers=2)
     with pytest.raises(JobFailed) as caught:
-        run(volcano_backend(kube), plan)
+        run(backend_for(kube, scheduling), plan)
     assert caught.value.rank == 2 and caught.value.exit_code == 3
     assert f"rank 2 on pod {plan.job_name}-worker-1" in str(caught.value)
     assert nothing_left(kube, plan.job_name) == []
 
 
-def test_volcano_evicted_worker_names_the_pod(cluster: tuple[KubeDouble, GangControllers], scripts: Scripts) -> None:
+@pytest.mark.parametrize("scheduling", EVERY_OPTION)
+def test_evicted_worker_names_the_pod(
+    cluster: tuple[KubeDouble, GangControllers], scripts: Scripts, scheduling: dict[str, Any] | None
+) -> None:
     kube, controllers = cluster
     scripts.on("-worker-1", PodScript(evicted_after=0.5))
     scripts.on("-master-", PodScript(lines=lambda: iter(["[1,0]<stdout>:training"])))  # until deleted
-    plan = make_plan(workers=2)
+    plan = make_plan(scheduling, workers=2)
     with pytest.raises(JobFailed) as caught:
-        run(volcano_backend(kube), plan)
+        run(backend_for(kube, scheduling), plan)
     assert caught.value.pod == f"{plan.job_name}-worker-1" and "Evicted" in str(caught.value)
-    assert f"{plan.job_name}: TerminateJob" in controllers.log
+    if scheduling is None:
+        assert f"{plan.job_name}: TerminateJob" in controllers.log
     assert nothing_left(kube, plan.job_name) == []
 
 
-def test_volcano_timeout_ends_the_job(cluster: tuple[KubeDouble, GangControllers], scripts: Scripts) -> None:
+@pytest.mark.parametrize("scheduling", EVERY_OPTION)
+def test_timeout_ends_the_job(
+    cluster: tuple[KubeDouble, GangControllers], scripts: Scripts, scheduling: dict[str, Any] | None
+) -> None:
     kube, _ = cluster
     scripts.on("-master-", PodScript(lines=lambda: iter(["[1,0]<stdout>:forever"])))
-    plan = make_plan(workers=1, timeout=2)
-    with pytest.raises(JobTimeout):
-        run(volcano_backend(kube), plan)
+    plan = make_plan(scheduling, workers=1, timeout=2)
+    with pytest.raises(JobTimeout, match="ran past its timeout of 2s"):
+        run(backend_for(kube, scheduling), plan)
     assert nothing_left(kube, plan.job_name) == []
 
 
@@ -310,3 +326,30 @@ def test_killing_a_deferred_gang_job_deletes_its_custom_objects_too(
         time.sleep(0.05)
     assert nothing_left(kube, plan.job_name) == []
     backend.release(plan.job_name)
+
+
+def test_a_retry_finds_and_reattaches_to_the_earlier_tries_volcano_job(
+    cluster: tuple[KubeDouble, GangControllers], scripts: Scripts
+) -> None:
+    import dataclasses
+
+    from airflow_mpi.runner import resume_or_clean
+
+    kube, _ = cluster
+
+    def slow() -> Iterator[str]:
+        time.sleep(1.0)
+        yield "[1,0]<stdout>:done"
+
+    scripts.on("-master-", PodScript(lines=slow, exit_code=0))
+    first = make_plan(workers=1)
+    volcano_backend(kube).create(first)  # then the first try's Airflow worker dies
+    while not any(p["metadata"]["name"] == first.master.name for p in kube.list_objects("pods", "default")):
+        time.sleep(0.05)
+    retry = dataclasses.replace(first.identity, try_number=2)
+    backend = volcano_backend(kube)
+    adopted = resume_or_clean(backend, first.spec, retry)
+    assert adopted is not None and adopted.job_name == first.job_name
+    result = JobRunner(backend, adopted, Log()).run(adopted=True)
+    assert result.exit_code == 0 and result.job_name == first.job_name
+    assert nothing_left(kube, first.job_name) == []
