@@ -241,8 +241,12 @@ class JobRunner:
 
     def start_master(self) -> None:
         workers, master = len(self.plan.workers), self.plan.master.name
-        self.emit(f"airflow-mpi: sshd ready on {workers} worker(s); starting mpiexec on {master}")
-        self.backend.start_master(self.job_name)
+        backend = self.backend
+        if isinstance(backend, QueueAwareBackend) and backend.starts_master_with_workers(self.plan):
+            self.emit(f"airflow-mpi: sshd ready on {workers} worker(s); mpiexec starts on {master} (started with them)")
+        else:
+            self.emit(f"airflow-mpi: sshd ready on {workers} worker(s); starting mpiexec on {master}")
+        backend.start_master(self.job_name)
         self._mark("mpiexec_started")
 
     def finish(self) -> JobResult:

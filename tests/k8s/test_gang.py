@@ -104,6 +104,7 @@ def test_volcano_backend_runs_a_job_and_leaves_nothing(cluster: tuple[KubeDouble
     log = Log()
     result = run(volcano_backend(kube), plan, log)
     assert result.exit_code == 0 and "[1,0]<stdout>:hello" in "\n".join(log)
+    assert any("(started with them)" in line for line in log)  # no master created after the workers
     # Volcano created the pods under the contract's names, with the svc plugin's hosts.
     pods = added_pods(kube)
     assert sorted(p["metadata"]["name"] for p in pods) == sorted(pod.name for pod in plan.pods)
@@ -166,8 +167,18 @@ def test_kubernetes_backend_with_each_gang_setting(
     result = run(kubernetes_backend(kube), plan, log)
     assert result.exit_code == 0
     assert f"admitted {plan.job_name}" in controllers.log  # the group was admitted whole
-    pods = [o for o in kube.created if o.get("kind") == "Pod"]
-    assert pods[0]["metadata"]["name"] == plan.master.name  # the master is not held back
+    # The master was created before any worker was Ready: it is not held back behind them.
+    events = [(event, obj) for _, event, plural, obj in kube.history if plural == "pods"]
+    master_added = next(
+        i for i, (e, o) in enumerate(events) if e == "ADDED" and o["metadata"]["name"] == plan.master.name
+    )
+    first_ready = next(
+        i
+        for i, (_, o) in enumerate(events)
+        if "-worker-" in o["metadata"]["name"]
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in o["status"].get("conditions", []))
+    )
+    assert master_added < first_ready
     assert nothing_left(kube, plan.job_name) == []
 
 
