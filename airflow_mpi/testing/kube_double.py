@@ -15,6 +15,12 @@ configmaps, and the immutability of a pod's spec) and is refused with the same 4
 Status and causes; a body the apiserver cannot decode (a bad quantity, data that is not base64)
 gets its 400 ``BadRequest``.
 
+Custom resources are served under ``/apis/<group>/<version>/namespaces/<ns>/<plural>`` once
+registered (``register_custom``), checked by ``custom_validator`` (a CRD's schema); controllers
+(``gang_controllers``) hear every change, may hold a pod back from the kubelet until its group is
+admitted (``pod_gates``), mutate pods on create (``pod_webhooks``), and finalizers keep a deleted
+object until they are removed.
+
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
 ``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
 
