@@ -1,6 +1,6 @@
 """``airflow-mpi``: render a job's Kubernetes objects, check this machine, or run a job locally.
 
-airflow-mpi render SPEC.yaml [--run-id ID] [--namespace NS] [--show-secrets] [--json]
+airflow-mpi render SPEC.yaml [--backend kubernetes|volcano] [--run-id ID] [--namespace NS] [--show-secrets] [--json]
 airflow-mpi validate SPEC.yaml
 airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
 airflow-mpi doctor [--local | --image IMAGE] (can this machine, or this image, run a job's pods?)
@@ -83,13 +83,16 @@ def cli_identity(spec: MPIJobSpec, args: argparse.Namespace) -> RunIdentity:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from airflow_mpi.manifests import render_manifests
+    """Exactly what the chosen backend creates (with its gang setting, if the spec has one)."""
+    from airflow_mpi.gang import render_gang_manifests
     from airflow_mpi.plan import render_plan
+    from airflow_mpi.volcano import render_volcano_manifests
 
     spec = load_spec(args.spec)
     plan = render_plan(spec, cli_identity(spec, args))
     namespace = spec.pod.namespace or args.namespace
-    objects = render_manifests(plan, namespace, redact_secrets=not args.show_secrets)
+    render = render_volcano_manifests if args.backend == "volcano" else render_gang_manifests
+    objects = render(plan, namespace, redact_secrets=not args.show_secrets)
     if args.json:
         json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -247,8 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.add_argument("--try-number", type=_positive_int, default=1, help="try number of the run identity")
 
-    render = commands.add_parser("render", help="print every Kubernetes object of the job (no cluster needed)")
+    render = commands.add_parser("render", help="print every object the backend creates (no cluster needed)")
     add_spec_args(render)
+    render.add_argument(
+        "--backend",
+        choices=("kubernetes", "volcano"),
+        default="kubernetes",
+        help="the backend whose objects to print (default: kubernetes, with the spec's gang setting)",
+    )
     render.add_argument(
         "--namespace", default="default", type=_namespace_arg, help="namespace when the spec names none"
     )

@@ -119,7 +119,7 @@ def render_config_map(plan: JobPlan, namespace: str, owner: Manifest) -> Manifes
     }
 
 
-def _resources(role: RoleSpec) -> Manifest:
+def render_resources(role: RoleSpec) -> Manifest:
     amounts = {"cpu": render_cpu(role.cpu_cores)}
     if role.memory:
         amounts["memory"] = role.memory
@@ -144,7 +144,7 @@ def _user_volume(volume: Volume) -> Manifest:
     return {"name": volume.name, **source}
 
 
-def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> Manifest:
+def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest | None) -> Manifest:
     spec = plan.spec
     role = spec.master if pod.role.value == "master" else spec.workers
     paths = plan.paths
@@ -185,7 +185,7 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest) -> 
         "command": ["bash", paths.launch_script],
         "env": [{"name": name, "value": value} for name, value in pod.env.items()],
         "ports": [{"name": contract.SSH_PORT_NAME, "containerPort": spec.ssh_port, "protocol": "TCP"}],
-        "resources": _resources(role),
+        "resources": render_resources(role),
         "volumeMounts": mounts,
     }
     if spec.pod.image_pull_policy:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_mpi.backends.base import Backend, ReattachableBackend
+from airflow_mpi.backends.base import Backend, QueueAwareBackend, ReattachableBackend
 from airflow_mpi.diagnosis import Cause, Diagnosis, EvidenceCollector, diagnose, explain, merge_diagnoses
 from airflow_mpi.events import STATUS_ERROR, STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import (
@@ -41,7 +41,7 @@ from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.podlog import PartialLine
 from airflow_mpi.readiness import HostProbe, summarize_not_ready
-from airflow_mpi.spec import MPIJobSpec
+from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import JobPhase, JobStatus, evaluate_job
 from airflow_mpi.worldsize import RankStartCheck, rank_start_timeout
 
@@ -53,6 +53,7 @@ TIMEOUT_GRACE = 3.0  # mpiexec --timeout reports first; past this the task side 
 # and the job "succeeds" having trained N separate models.
 WARN_ON_SUCCESS = frozenset({Cause.NESTED_LAUNCHER})
 DIAGNOSED_PODS = 8  # worker logs read to explain a readiness failure (each is one small read)
+QUEUE_NOTE_INTERVAL = 60.0  # how often the task log repeats that the job still waits in a queue
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,13 @@ class SshdReport:
 
 
 def check_sshd_once(backend: Backend, job_name: str) -> SshdReport:
-    """One readiness check: pod states first (a dead worker fails at once), then real ssh logins."""
-    status = evaluate_job(backend.pod_states(job_name))
+    """One readiness check: pod states first (a dead worker fails at once), then real ssh logins.
+    A master that already ended (started with its gang, it waits for sshd itself) ends the wait:
+    its own end decides the job."""
+    states = backend.pod_states(job_name)
+    if any(state.role is Role.MASTER and state.ended and state.reason != "Deleted" for state in states):
+        return SshdReport(True, [])
+    status = evaluate_job(states)
     if status.phase is JobPhase.FAILED:
         return SshdReport(False, [], status)
     probes = backend.probe_workers(job_name)
@@ -77,11 +83,15 @@ def wait_for_sshd(
     timeout: float,
     *,
     port: int = 22,
+    queued: Callable[[], bool] | None = None,
 ) -> list[HostProbe]:
-    """Until every worker accepts the job key; bounded by ``timeout`` with a reason per host."""
+    """Until every worker accepts the job key; bounded by ``timeout`` with a reason per host.
+    While ``queued()`` says the job waits for admission, the ``timeout`` clock does not run."""
     start = time.monotonic()
     delay = 0.02  # sshd starts in tens of milliseconds; image pulls take minutes: back off
     while True:
+        if queued is not None and queued():
+            start = time.monotonic()
         report = check_sshd_once(backend, job_name)
         if report.failure is not None:
             raise worker_failure(backend, job_name, report.failure, "before sshd was ready")
@@ -100,6 +110,46 @@ def wait_for_sshd(
         # Kubernetes wakes this at the next pod event; locally it is a plain back-off sleep.
         backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
         delay = min(delay * 1.5, 1.0)
+
+
+class QueueWait:
+    """The job waits for a gang scheduler or queue to admit it: queued is not stuck. The task log
+    says so when the reason changes and every ``QUEUE_NOTE_INTERVAL``; ``scheduling.queue_timeout``
+    (if set) bounds the total wait."""
+
+    def __init__(self, backend: QueueAwareBackend, plan: JobPlan, emit: Callable[[str], None]) -> None:
+        self.backend, self.plan, self.emit = backend, plan, emit
+        self.limit = plan.spec.scheduling.queue_timeout
+        self.waited = 0.0
+        self._since: float | None = None
+        self._noted: tuple[str, float] | None = None
+
+    def check(self) -> bool:
+        """Whether the job is queued now (noting it, and failing past ``queue_timeout``)."""
+        reason = self.backend.queue_status(self.plan.job_name)
+        now = time.monotonic()
+        if reason is None:
+            if self._since is not None:
+                self.waited += now - self._since
+                self._since = None
+            return False
+        if self._since is None:
+            self._since = now
+        waited = self.waited + now - self._since
+        if self._noted is None or self._noted[0] != reason or now - self._noted[1] >= QUEUE_NOTE_INTERVAL:
+            self.emit(f"airflow-mpi: job {self.plan.job_name} waits for admission ({waited:.0f}s so far): {reason}")
+            self._noted = (reason, now)
+        if self.limit is not None and waited >= self.limit:
+            raise JobTimeout(
+                f"MPI job {self.plan.job_name} waited {waited:.0f}s for admission, past scheduling.queue_timeout "
+                f"({self.limit}s): {reason}. Free capacity in the queue, raise its quota, or raise queue_timeout"
+            )
+        return True
+
+    def wait(self) -> None:
+        """Until the job is admitted (returns at once when it is not queued)."""
+        while self.check():
+            self.backend.wait_for_change(self.plan.job_name, 1.0)
 
 
 def worker_failure(
@@ -249,14 +299,28 @@ class JobRunner:
 
     def wait_ready(self) -> None:
         plan, spec = self.plan, self.plan.spec
+        queue = QueueWait(self.backend, plan, self.emit) if isinstance(self.backend, QueueAwareBackend) else None
+        if queue is not None:
+            queue.wait()
+            self._mark("admitted")
         if plan.workers:
-            wait_for_sshd(self.backend, plan.job_name, spec.startup_timeout, port=spec.ssh_port)
+            wait_for_sshd(
+                self.backend,
+                plan.job_name,
+                spec.startup_timeout,
+                port=spec.ssh_port,
+                queued=queue.check if queue is not None else None,
+            )
         self._mark("sshd_ready")
 
     def start_master(self) -> None:
         workers, master = len(self.plan.workers), self.plan.master.name
-        self.emit(f"airflow-mpi: sshd ready on {workers} worker(s); starting mpiexec on {master}")
-        self.backend.start_master(self.job_name)
+        backend = self.backend
+        if isinstance(backend, QueueAwareBackend) and backend.starts_master_with_workers(self.plan):
+            self.emit(f"airflow-mpi: sshd ready on {workers} worker(s); mpiexec starts on {master} (started with them)")
+        else:
+            self.emit(f"airflow-mpi: sshd ready on {workers} worker(s); starting mpiexec on {master}")
+        backend.start_master(self.job_name)
         self._mark("mpiexec_started")
 
     def finish(self) -> JobResult:
@@ -401,6 +465,8 @@ class JobRunner:
         if status == STATUS_ERROR:
             cause = BackendUnreachable if event.get("unreachable") else BackendRequestFailed
             return cause(event.get("reason", ""))
+        if status == STATUS_TIMEOUT and "scheduling.queue_timeout" in event.get("reason", ""):
+            return JobTimeout(f"MPI job {self.job_name} {event.get('reason', '')}")
         if status == STATUS_TIMEOUT and wait_for == WAIT_READY:
             workers = [worker.name for worker in self.plan.workers]
             return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])

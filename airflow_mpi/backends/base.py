@@ -92,3 +92,21 @@ class DeferrableBackend(ReattachableBackend, Protocol):
 
     kubernetes_conn_id: str
     api_timeout: float  # seconds the trigger may go without an answer from the API
+
+
+@runtime_checkable
+class QueueAwareBackend(Backend, Protocol):
+    """A backend whose jobs may wait for a gang scheduler or a queue to admit them: while they
+    do, the job is queued, not stuck (``startup_timeout`` waits; ``scheduling.queue_timeout``
+    bounds it)."""
+
+    def queue_status(self, job_name: str) -> str | None:
+        """Why the job waits for admission now (queue, group, missing room), or None once admitted."""
+
+    def starts_master_with_workers(self, plan: JobPlan) -> bool:
+        """Whether ``create`` already starts the master (a gang starts whole); ``start_master``
+        then has nothing to do and the master's launch script waits for the workers' sshd."""
+
+    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
+        """(group, version, plural) of the custom objects named after the job that a kill must
+        delete too (a Volcano Job, a Kueue Workload); the Service takes the rest along."""

@@ -30,6 +30,7 @@ from typing import Any
 
 from airflow_mpi import contract
 from airflow_mpi.backends.base import FoundJob
+from airflow_mpi.backends.custom_objects import CustomObjects
 from airflow_mpi.backends.k8s_errors import (
     API_TIMEOUT,
     BAD_REQUEST,
@@ -45,6 +46,12 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, BackendUnreachable, JobNotFound, LaunchError
+from airflow_mpi.gang import (
+    KUEUE_WORKLOAD,
+    POD_GROUP_KINDS,
+    describe_group_wait,
+    render_gang_manifests,
+)
 from airflow_mpi.logcursor import LogCursor, TimestampedLogSplitter
 from airflow_mpi.manifests import (
     PLACEHOLDER_UID,
@@ -151,6 +158,11 @@ class KubernetesBackend:
         return ApiSilence(self.api_url, self.api_timeout)
 
     @cached_property
+    def custom(self) -> CustomObjects:
+        """Custom objects (PodGroups, Kueue Workloads, Volcano Jobs), bounded as the core ones."""
+        return CustomObjects(self.api_client, self._send, self.api_url)
+
+    @cached_property
     def core(self) -> Any:
         from kubernetes.client import CoreV1Api
 
@@ -197,7 +209,7 @@ class KubernetesBackend:
 
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
-        manifests = render_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
+        manifests = render_gang_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
         try:
             service = self._create_service(namespace, manifests[0])
             owner = render_owner_reference(plan, service["metadata"]["uid"])
@@ -205,10 +217,14 @@ class KubernetesBackend:
             job = self._watch(plan, namespace, service["metadata"]["resourceVersion"])
             for manifest in manifests[1:]:
                 manifest["metadata"]["ownerReferences"] = [owner]
-            secret, config_map, *workers, master = manifests[1:]
-            job.master_manifest = master
+            secret, config_map, *rest = manifests[1:]
             self._create(namespace, "secrets", secret)
             self._create(namespace, "configmaps", config_map)
+            if plan.spec.scheduling.gang is not None:
+                self._create_gang(namespace, job, rest)
+                return
+            *workers, master = rest
+            job.master_manifest = master
             if workers:
                 with ThreadPoolExecutor(max_workers=min(self.create_concurrency, len(workers))) as pool:
                     for _ in pool.map(lambda pod: self._create(namespace, "pods", pod), workers):
@@ -228,6 +244,36 @@ class KubernetesBackend:
                     with contextlib.suppress(Exception):
                         delete(name, namespace, _preload_content=False)
             raise
+
+    def _create_gang(self, namespace: str, job: _Job, objects: list[Obj]) -> None:
+        """A gang waits until all its pods exist: the PodGroup, then the master with the workers
+        at once (the master's launch script waits for the workers' sshd itself)."""
+        pods = [obj for obj in objects if obj["kind"] == "Pod"]
+        gang = job.plan.spec.scheduling.gang if job.plan else None
+        for group in (obj for obj in objects if obj["kind"] != "Pod"):
+            if gang in POD_GROUP_KINDS:
+                self.custom.create(namespace, POD_GROUP_KINDS[gang], group)
+        job.roles[job.master] = Role.MASTER
+        with ThreadPoolExecutor(max_workers=min(self.create_concurrency, len(pods))) as pool:
+            for _ in pool.map(lambda pod: self._create(namespace, "pods", pod), pods):
+                pass
+
+    def starts_master_with_workers(self, plan: JobPlan) -> bool:
+        return plan.spec.scheduling.gang is not None
+
+    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
+        gang = plan.spec.scheduling.gang
+        return [KUEUE_WORKLOAD[:3]] if gang is not None and gang.value == "kueue" else []
+
+    def queue_status(self, job_name: str) -> str | None:
+        """Why a gang-scheduled job waits for admission (its pods say), or None; a job without
+        a gang setting is never queued here: ``startup_timeout`` covers unschedulable pods."""
+        job = self._job(job_name)
+        if job.plan is None or job.plan.spec.scheduling.gang is None:
+            return None
+        with job.watcher.cond:
+            pods = list(job.watcher.table.pods.values())
+        return describe_group_wait(pods)
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> _Job:
         job = _Job(
@@ -358,6 +404,8 @@ class KubernetesBackend:
 
     def start_master(self, job_name: str) -> None:
         job = self._job(job_name)
+        if job.plan is not None and job.plan.spec.scheduling.gang is not None:
+            return  # created with the workers (a gang starts whole)
         if job.master_manifest is None:  # adopted after a deferral: the job's Service owns it
             if job.plan is None:
                 raise LaunchError(f"job {job_name}: no plan to render its master from")
@@ -517,7 +565,14 @@ class KubernetesBackend:
                     f"{error}; then delete the Service {job_name} in namespace {namespace} (kubectl delete service "
                     f"{job_name} -n {namespace}): the job's other objects and pods go with it"
                 ) from error
+            failed: BackendError | None = None
+            try:  # before the wait: Kueue's finalizer holds the pods until its Workload goes
+                self._delete_kueue_workload(job, job_name, namespace, since)
+            except BackendError as error:
+                failed = error
             if job is None:
+                if failed is not None:
+                    raise failed
                 return
             watcher = job.watcher
             deadline = time.monotonic() + TEARDOWN_WAIT
@@ -530,7 +585,6 @@ class KubernetesBackend:
                     left = [p["metadata"]["name"] for p in self._list(namespace, "pods", job_selector(job_name), since)]
             left = left or []
             job.final_pods = left
-            failed: BackendError | None = None
             for pod in left:  # the collector is slow or off: delete directly
                 try:
                     self._delete(namespace, "pods", pod, since)
@@ -560,6 +614,14 @@ class KubernetesBackend:
                 return False
             raise translate(error, ApiRequest("delete", plural, namespace, name), self.api_url) from error
         return True
+
+    def _delete_kueue_workload(self, job: _Job | None, job_name: str, namespace: str, since: float) -> None:
+        """Kueue keeps a finalizer on the group's pods until its Workload (named after the group,
+        the job) finishes, which never happens while workers run: delete it, and Kueue lets go."""
+        if job is None or job.plan is None or job.plan.spec.scheduling.gang is None:
+            return
+        if job.plan.spec.scheduling.gang.value == "kueue":
+            self.custom.delete(namespace, KUEUE_WORKLOAD, job_name, since=since)
 
     def leftovers(self, job_name: str) -> list[str]:
         """What of the job still exists, by listing (Services, Secrets, ConfigMaps, and the pods

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from airflow_mpi.backends.base import Backend, DeferrableBackend
+from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
@@ -138,6 +138,9 @@ class MPIJobOperator(BaseOperator):
         except BaseException as error:
             runner.teardown(error)
             raise
+        if _starts_master_with_workers(runner):
+            runner.marks["mpiexec_started"] = time.time()
+            self._defer(runner, WAIT_FINISHED)  # a gang starts whole: its master waits for sshd
         self._defer(runner, WAIT_READY)
 
     def _defer(self, runner: JobRunner, wait_for: str) -> NoReturn:
@@ -146,6 +149,9 @@ class MPIJobOperator(BaseOperator):
         plan, backend = runner.plan, self._deferrable(runner.backend)
         spec = plan.spec
         timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
+        gang = _starts_master_with_workers(runner)
+        queue_timeout = spec.scheduling.queue_timeout
+        custom = backend.custom_objects_to_delete(plan) if isinstance(backend, QueueAwareBackend) else []
         backend.release(plan.job_name)  # the trigger watches from here on
         self.defer(
             trigger=MPIJobTrigger(
@@ -161,6 +167,9 @@ class MPIJobOperator(BaseOperator):
                 api_timeout=backend.api_timeout,
                 try_number=plan.identity.try_number,
                 marks=runner.marks,
+                gang=gang,
+                queue_deadline=time.time() + queue_timeout if gang and queue_timeout else None,
+                custom_objects=[list(kind) for kind in custom],
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 300),
@@ -267,6 +276,11 @@ def check_operator_arguments(job: object, mpi_conn_id: object, deferrable: objec
         if not isinstance(value, bool):
             issues.append(SpecIssue(name, f"is {value!r:.60}, not True or False", f"pass {name}=True or False"))
     return issues
+
+
+def _starts_master_with_workers(runner: JobRunner) -> bool:
+    backend = runner.backend
+    return isinstance(backend, QueueAwareBackend) and backend.starts_master_with_workers(runner.plan)
 
 
 def run_identity(context: Context) -> RunIdentity:

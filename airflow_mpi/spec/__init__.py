@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from airflow_mpi.contract import JOB_HASH_LEN, MAX_DNS_LABEL, HostsMode, Role
 from airflow_mpi.spec.formats import is_dns_label, max_name_length
-from airflow_mpi.spec.quantities import parse_cpu, render_cpu
+from airflow_mpi.spec.quantities import parse_cpu, parse_quantity, render_cpu, render_quantity
+from airflow_mpi.spec.scheduling import Gang, SchedulingSpec
 from airflow_mpi.spec.slots import SlotPlan, build_slot_plan
 from airflow_mpi.spec.types import (
     MasterSpec,
@@ -26,6 +27,7 @@ from airflow_mpi.spec.validation import collect_spec_issues
 __all__ = [
     "JOB_HASH_LEN",
     "MAX_DNS_LABEL",
+    "Gang",
     "HostsMode",
     "MPIJobSpec",
     "MPIOptions",
@@ -33,6 +35,7 @@ __all__ = [
     "PodSettings",
     "Role",
     "RoleSpec",
+    "SchedulingSpec",
     "SlotPlan",
     "Toleration",
     "Volume",
@@ -42,5 +45,7 @@ __all__ = [
     "is_dns_label",
     "max_name_length",
     "parse_cpu",
+    "parse_quantity",
     "render_cpu",
+    "render_quantity",
 ]

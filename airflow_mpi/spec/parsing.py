@@ -182,6 +182,8 @@ def _type_name(hint: Any) -> str:
         return names[hint]
     if dataclasses.is_dataclass(hint):
         return "a mapping"
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return "one of " + ", ".join(repr(m.value) for m in hint)
     origin = typing.get_origin(hint)
     if origin is tuple:
         return "a list"

@@ -17,6 +17,7 @@ from airflow_mpi.contract import HostsMode
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.spec.parsing import parse_dataclass, to_plain
 from airflow_mpi.spec.quantities import parse_cpu
+from airflow_mpi.spec.scheduling import SchedulingSpec
 from airflow_mpi.spec.validation import collect_spec_issues
 
 
@@ -167,6 +168,7 @@ class MPIJobSpec:
     startup_timeout: int = 300
     ssh_port: int = 22
     pod: PodSettings = field(default_factory=PodSettings)
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
 
     def __post_init__(self) -> None:
         # Accept lists where tuples are declared, so Python callers can write plain literals.

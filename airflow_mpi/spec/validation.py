@@ -29,6 +29,7 @@ from airflow_mpi.spec.mpi_validation import OWNED_MCA, check_mpi
 from airflow_mpi.spec.pod_validation import check_pod
 from airflow_mpi.spec.quantities import CPU_MILLI, QUANTITY, parse_cpu
 from airflow_mpi.spec.run_as_validation import check_run_as
+from airflow_mpi.spec.scheduling import check_scheduling
 from airflow_mpi.spec.slots import build_slot_plan
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) ->
         _check_job_settings,
         check_pod,
         check_run_as,
+        check_scheduling,
     )
     issues: list[SpecIssue] = []
     for check in checks:

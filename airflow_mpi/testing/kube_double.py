@@ -15,6 +15,12 @@ configmaps, and the immutability of a pod's spec) and is refused with the same 4
 Status and causes; a body the apiserver cannot decode (a bad quantity, data that is not base64)
 gets its 400 ``BadRequest``.
 
+Custom resources are served under ``/apis/<group>/<version>/namespaces/<ns>/<plural>`` once
+registered (``register_custom``), checked by ``custom_validator`` (a CRD's schema); controllers
+(``gang_controllers``) hear every change, may hold a pod back from the kubelet until its group is
+admitted (``pod_gates``), mutate pods on create (``pod_webhooks``), and finalizers keep a deleted
+object until they are removed.
+
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
 ``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
 
@@ -230,6 +236,14 @@ class KubeDouble:
         self._server: ThreadingHTTPServer | None = None
         self._gc_stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # Custom resources ("<plural>.<group>" -> (apiVersion, kind)) and the controllers that
+        # act on them (``gang_controllers``): they hear every change, may hold a pod back from
+        # the kubelet until its group is admitted, and may mutate a pod on create (a webhook).
+        self.custom_kinds: dict[str, tuple[str, str]] = {}
+        self.custom_validator: Callable[[Obj], list[str]] | None = None
+        self.listeners: list[Callable[[str, str, Obj], None]] = []
+        self.pod_gates: list[Callable[[Obj], bool]] = []
+        self.pod_webhooks: list[Callable[[Obj], None]] = []
 
     # --- server ---------------------------------------------------------------------------
 
@@ -415,6 +429,44 @@ class KubeDouble:
     def node_time_ns(self) -> int:
         return time.time_ns() + int(self.clock_offset * 1e9)
 
+    # --- custom resources and controllers ------------------------------------------------
+
+    def register_custom(self, group: str, version: str, plural: str, kind: str) -> str:
+        """Serve ``/apis/<group>/<version>/namespaces/<ns>/<plural>``; returns the store's key."""
+        key = f"{plural}.{group}"
+        self.custom_kinds[key] = (f"{group}/{version}", kind)
+        return key
+
+    def plural_of(self, obj: Obj) -> str:
+        """The store key of an object by its apiVersion and kind (core or custom)."""
+        api_version, kind = obj.get("apiVersion", "v1"), obj.get("kind", "")
+        if api_version == "v1":
+            return _plural(kind)
+        for key, (custom_version, custom_kind) in self.custom_kinds.items():
+            if (custom_version, custom_kind) == (api_version, kind):
+                return key
+        raise KeyError(f"{api_version} {kind}")
+
+    def kind_of(self, plural: str) -> str:
+        return self.custom_kinds[plural][1] if plural in self.custom_kinds else KINDS[plural]
+
+    def update_object(self, plural: str, namespace: str, name: str, change: Callable[[Obj], None]) -> Obj | None:
+        """Controller side: change any object in place (status, finalizers) and tell the watches."""
+        with self._lock:
+            obj = self.objects.get((plural, namespace, name))
+            if obj is None:
+                return None
+            change(obj)
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._emit("MODIFIED", plural, obj)
+            return copy.deepcopy(obj)
+
+    def start_pod(self, namespace: str, name: str) -> None:
+        """Hand a held pod to the kubelet (its group was admitted)."""
+        pod = self.get("pods", namespace, name)
+        if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+            self._spawn(self.kubelet.start, self, pod)
+
     # --- store ----------------------------------------------------------------------------
 
     def _next_rv(self) -> str:
@@ -428,6 +480,8 @@ class KubeDouble:
         for watch_plural, namespace, q in self._watchers:
             if watch_plural == plural and namespace in ("", obj["metadata"].get("namespace")):
                 q.put((rv, event, snapshot))
+        for listener in self.listeners:
+            listener(event, plural, snapshot)
 
     def get(self, plural: str, namespace: str, name: str) -> Obj | None:
         with self._lock:
@@ -451,10 +505,13 @@ class KubeDouble:
                 404, "NotFound", f'namespaces "{namespace}" not found', {"name": namespace, "kind": "namespaces"}
             )
         meta = self._admit(plural, namespace, body)
+        if plural == "pods":
+            for webhook in self.pod_webhooks:
+                webhook(body)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = generate_name(str(meta["generateName"]))
         name = str(meta.get("name") or "")
-        self._validate(plural, name, body)
+        self._validate_any(plural, name, body)
         if plural == "pods":  # admission runs after validation, as in the API server
             denial = podsecurity.admission_denial(name, body, self.namespace_labels.get(namespace, {}))
             if denial:
@@ -469,7 +526,7 @@ class KubeDouble:
                 creationTimestamp=rfc3339(time.time()),
             )
             body.setdefault("apiVersion", "v1")
-            body.setdefault("kind", KINDS[plural])
+            body.setdefault("kind", self.kind_of(plural))
             if plural == "pods":
                 body["status"] = {"phase": "Pending", "qosClass": "Guaranteed"}
                 self.logs[(namespace, name)] = LogBuffer()
@@ -477,7 +534,7 @@ class KubeDouble:
             self.objects[key] = body
             self._emit("ADDED", plural, body)
             stored = copy.deepcopy(body)
-        if plural == "pods":
+        if plural == "pods" and not any(held(stored) for held in self.pod_gates):
             self._spawn(self.kubelet.start, self, copy.deepcopy(stored))
         return stored
 
@@ -506,9 +563,9 @@ class KubeDouble:
                 if key in old["metadata"] and not meta.get(key):
                     meta[key] = old["metadata"][key]
             meta["resourceVersion"] = current
-            self._validate(plural, name, body, old=old)
+            self._validate_any(plural, name, body, old=old)
             body.setdefault("apiVersion", "v1")
-            body.setdefault("kind", KINDS[plural])
+            body.setdefault("kind", self.kind_of(plural))
             if plural == "pods":
                 body["status"] = copy.deepcopy(old.get("status", {}))
             self._merge_string_data(plural, body)
@@ -527,10 +584,26 @@ class KubeDouble:
                 "the namespace of the provided object does not match the namespace sent on the request",
             )
         meta["namespace"] = namespace
+        if plural in self.custom_kinds:
+            return meta
         problem = decode_error(plural, body)
         if problem:
             raise ApiError(400, "BadRequest", decode_failure_message(plural, body, problem))
         return meta
+
+    def _validate_any(self, plural: str, name: str, body: Obj, old: Obj | None = None) -> None:
+        """Core objects by the apiserver's rules; custom ones by their CRD's schema when known."""
+        if plural not in self.custom_kinds:
+            self._validate(plural, name, body, old=old)
+            return
+        api_version, kind = self.custom_kinds[plural]
+        if (body.get("apiVersion"), body.get("kind")) != (api_version, kind):
+            raise ApiError(400, "BadRequest", f"the object is not a {api_version} {kind}")
+        errors = self.custom_validator(body) if self.custom_validator is not None else []
+        if errors:
+            raise ApiError(
+                422, "Invalid", f'{kind}.{api_version.split("/")[0]} "{name}" is invalid: ' + "; ".join(errors)
+            )
 
     @staticmethod
     def _validate(plural: str, name: str, body: Obj, old: Obj | None = None) -> None:
@@ -609,7 +682,7 @@ class KubeDouble:
         uid = obj["metadata"]["uid"]
         if propagation == "Foreground":
             for dependent in self._dependents(uid):
-                kind_plural = _plural(dependent["kind"])
+                kind_plural = self.plural_of(dependent)
                 try:
                     self.delete(
                         kind_plural, dependent["metadata"]["namespace"], dependent["metadata"]["name"], "Foreground"
@@ -619,6 +692,8 @@ class KubeDouble:
             deadline = time.monotonic() + 30
             while self._dependents(uid) and time.monotonic() < deadline:
                 time.sleep(0.01)
+        while self._held_by_finalizers(plural, namespace, name) and not self._gc_stop.is_set():
+            time.sleep(0.01)  # as the apiserver: gone only once its controllers let go
         if plural == "pods":
             self.kubelet.stop(self, copy.deepcopy(obj))
             buffer = self.logs.get((namespace, name))
@@ -639,6 +714,12 @@ class KubeDouble:
                         r for r in dependent["metadata"]["ownerReferences"] if r.get("uid") != uid
                     ]
 
+    def _held_by_finalizers(self, plural: str, namespace: str, name: str) -> bool:
+        with self._lock:
+            obj = self.objects.get((plural, namespace, name))
+            finalizers = (obj or {}).get("metadata", {}).get("finalizers") or []
+            return any(f != "foregroundDeletion" for f in finalizers)
+
     def _dependents(self, uid: str) -> list[Obj]:
         with self._lock:
             return [
@@ -653,7 +734,7 @@ class KubeDouble:
             with self._lock:
                 uids = {o["metadata"]["uid"] for o in self.objects.values()}
                 orphans = [
-                    (_plural(o["kind"]), o["metadata"]["namespace"], o["metadata"]["name"])
+                    (self.plural_of(o), o["metadata"]["namespace"], o["metadata"]["name"])
                     for o in self.objects.values()
                     if o["metadata"].get("ownerReferences")
                     and not o["metadata"].get("deletionTimestamp")
@@ -783,6 +864,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # as Go's net/http: no 40 ms Nagle/delayed-ACK stalls on streams
     ROUTE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
+    CUSTOM_ROUTE = re.compile(
+        r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?$"
+    )
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
@@ -852,12 +936,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._control(method, url.path)
             return
         match = self.ROUTE.match(url.path)
-        if not match or match["plural"] not in KINDS:
+        custom = self.CUSTOM_ROUTE.match(url.path)
+        if custom and f"{custom['plural']}.{custom['group']}" in double.custom_kinds:
+            key = f"{custom['plural']}.{custom['group']}"
+            if double.custom_kinds[key][0] != f"{custom['group']}/{custom['version']}":
+                custom = None
+        elif match is None or match["plural"] not in KINDS:
             self._send_json(404, status_body(404, "NotFound", f"the server could not find {url.path}"))
             return
-        namespace, plural, name = match["ns"], match["plural"], match["name"]
+        if custom is not None:
+            namespace, plural, name = custom["ns"], f"{custom['plural']}.{custom['group']}", custom["name"]
+        elif match is not None:
+            namespace, plural, name = match["ns"], match["plural"], match["name"]
+        else:
+            self._send_json(404, status_body(404, "NotFound", f"the server could not find {url.path}"))
+            return
         try:
-            if match["log"]:
+            if custom is None and match is not None and match["log"]:
                 if plural != "pods" or method != "GET":
                     raise ApiError(405, "MethodNotAllowed", "only GET pods/log")
                 self._logs(namespace, name, query)
@@ -921,7 +1016,12 @@ class _Handler(BaseHTTPRequestHandler):
             rv = str(self.double._rv)
         self._send_json(
             200,
-            {"kind": f"{KINDS[plural]}List", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items},
+            {
+                "kind": f"{self.double.kind_of(plural)}List",
+                "apiVersion": self.double.custom_kinds.get(plural, ("v1", ""))[0],
+                "metadata": {"resourceVersion": rv},
+                "items": items,
+            },
         )
 
     def _watch(self, plural: str, namespace: str, query: dict[str, str]) -> None:

@@ -41,6 +41,7 @@ from airflow_mpi.events import (
     JobEvent,
     Outcome,
 )
+from airflow_mpi.gang import describe_group_wait
 from airflow_mpi.naming import job_selector
 from airflow_mpi.podlog import LineSplitter
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
@@ -69,6 +70,9 @@ class MPIJobTrigger(BaseTrigger):
         api_timeout: float = API_TIMEOUT,
         try_number: int = 1,
         marks: dict[str, float] | None = None,
+        gang: bool = False,
+        queue_deadline: float | None = None,
+        custom_objects: list[list[str]] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.job_name = job_name
@@ -84,6 +88,12 @@ class MPIJobTrigger(BaseTrigger):
         # Handed back in the event: the operator resumes as a new object that knows nothing.
         self.try_number = try_number
         self.marks = dict(marks or {})
+        # A gang-scheduled job may wait for admission: its deadline moves on while it does,
+        # and ``queue_deadline`` (scheduling.queue_timeout, epoch seconds) bounds that wait.
+        self.gang = gang
+        self.queue_deadline = queue_deadline
+        # [group, version, plural] of custom objects named after the job, deleted on a kill.
+        self.custom_objects = [list(kind) for kind in custom_objects or []]
         self._fired = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -102,6 +112,9 @@ class MPIJobTrigger(BaseTrigger):
                 "api_timeout": self.api_timeout,
                 "try_number": self.try_number,
                 "marks": dict(self.marks),
+                "gang": self.gang,
+                "queue_deadline": self.queue_deadline,
+                "custom_objects": [list(kind) for kind in self.custom_objects],
             },
         )
 
@@ -114,6 +127,16 @@ class MPIJobTrigger(BaseTrigger):
 
     def decide(self, table: PodTable) -> Outcome | None:
         """The outcome to fire for the pods as they are now, or None to keep waiting."""
+        if self.gang:
+            queued = describe_group_wait(list(table.pods.values())) or (
+                None if table.pods else "queued: the job's pods do not exist yet"
+            )
+            if queued is not None:
+                now = time.time()
+                if self.queue_deadline is not None and now >= self.queue_deadline:
+                    return {"status": STATUS_TIMEOUT, "reason": f"waited past scheduling.queue_timeout: {queued}"}
+                self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
+                return None
         states = table.states(self.roles)
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
@@ -169,7 +192,7 @@ class MPIJobTrigger(BaseTrigger):
             if outcome is not None:
                 return outcome
             verb = "watch"
-            seconds = min(silence.watch_seconds(WATCH_SECONDS), max(1, int(self.deadline - time.time()) + 1))
+            seconds = min(silence.watch_seconds(WATCH_SECONDS), max(1, int(self._wake() - time.time()) + 1))
             response: Any = await core.list_namespaced_pod(
                 self.namespace,
                 label_selector=selector,
@@ -200,7 +223,7 @@ class MPIJobTrigger(BaseTrigger):
             outcome = self.decide(loop.table)  # the deadline fires here, whatever the API did
             if outcome is not None:
                 return outcome
-            bound = asyncio.timeout(max(0.0, min(self.deadline - time.time(), silence.left(since))))
+            bound = asyncio.timeout(max(0.0, min(self._wake() - time.time(), silence.left(since))))
             try:
                 async with bound:
                     outcome = await watch_round()
@@ -215,14 +238,21 @@ class MPIJobTrigger(BaseTrigger):
                     return {"status": STATUS_ERROR, "reason": explain(error, request, silence.api_url)}
                 self.log.warning("watching job %s: %s; retrying", self.job_name, error)
                 delay = loop.failed(gone=api_status(error) == GONE)
-                await asyncio.sleep(min(delay, max(0.05, silence.left(since)), max(0.05, self.deadline - time.time())))
+                await asyncio.sleep(min(delay, max(0.05, silence.left(since)), max(0.05, self._wake() - time.time())))
                 continue
             if outcome is not None:
                 return outcome
 
+    def _wake(self) -> float:
+        """When ``decide`` must look again whatever the API does: the deadline, or the queue
+        deadline when it comes first (the deadline moves on while a gang is queued)."""
+        return min(self.deadline, self.queue_deadline or self.deadline)
+
     def _vanished(self, table: PodTable) -> Outcome | None:
         """After a list: every pod waited for was created before the deferral, so one that is not
         there was deleted; none there at all means the job, or its namespace, is gone."""
+        if self.gang and (not table.pods or describe_group_wait(list(table.pods.values()))):
+            return None  # a queued gang's pods may not exist yet: ``decide`` bounds that wait
         missing = [name for name in self.roles if name not in table.pods]
         if missing and len(missing) == len(self.roles):
             return {
@@ -252,9 +282,20 @@ class MPIJobTrigger(BaseTrigger):
         if self._fired:
             return
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-        from kubernetes_asyncio.client import CoreV1Api, V1DeleteOptions
+        from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 
         async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
+            for group, version, plural in self.custom_objects:
+                with contextlib.suppress(Exception):
+                    await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                        group,
+                        version,
+                        self.namespace,
+                        plural,
+                        self.job_name,
+                        body=V1DeleteOptions(),
+                        _request_timeout=(CONNECT_TIMEOUT, KILL_TIMEOUT),
+                    )
             with contextlib.suppress(Exception):
                 await CoreV1Api(api_client).delete_namespaced_service(
                     self.job_name,

@@ -48,3 +48,34 @@ def test_validate_prints_hosts_and_np(tmp_path: Path, capsys: pytest.CaptureFixt
     (tmp_path / "job.yaml").write_text(SPEC)
     assert main(["validate", str(tmp_path / "job.yaml")]) == 0
     assert "MPI_NP=5 on 3 pod(s)" in capsys.readouterr().out
+
+
+def test_render_for_the_volcano_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC + "scheduling: {queue: training}\n")
+    assert main(["render", str(tmp_path / "job.yaml"), "--backend", "volcano", "--namespace", "ml"]) == 0
+    out = capsys.readouterr().out
+    objects = list(yaml.safe_load_all(out))
+    assert [(o["apiVersion"], o["kind"]) for o in objects] == [
+        ("batch.volcano.sh/v1alpha1", "Job"),
+        ("v1", "Secret"),
+        ("v1", "ConfigMap"),
+    ]
+    assert objects[0]["spec"]["queue"] == "training" and "PRIVATE KEY" not in out
+
+
+def test_render_with_a_gang_setting_prints_the_pod_group_and_the_master_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC + "scheduling: {gang: volcano}\n")
+    assert main(["render", str(tmp_path / "job.yaml"), "--backend", "kubernetes"]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [o["kind"] for o in objects] == ["Service", "Secret", "ConfigMap", "PodGroup", "Pod", "Pod", "Pod"]
+    assert objects[4]["metadata"]["name"].endswith("-master-0")
+
+
+def test_render_refuses_a_gang_the_volcano_backend_cannot_honour(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC + "scheduling: {gang: kueue, queue: q}\n")
+    assert main(["render", str(tmp_path / "job.yaml"), "--backend", "volcano"]) == 2
+    assert "scheduling.gang" in capsys.readouterr().err

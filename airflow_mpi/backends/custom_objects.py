@@ -1,0 +1,124 @@
+"""Custom resources (Volcano Jobs, PodGroups, Kueue Workloads) through ``CustomObjectsApi``, with
+the same error translation (``k8s_errors.translate``) and the same bounds as the core objects:
+each request is retried on 429/5xx and connection failures until the API has been silent for
+``api_timeout`` (the backend's ``_send``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from airflow_mpi.backends.k8s_errors import CONFLICT, NOT_FOUND, ApiRequest, api_status, translate
+from airflow_mpi.exceptions import BackendError
+
+# (group, version, plural, kind), as the builders declare them.
+GVK = tuple[str, str, str, str]
+Obj = dict[str, Any]
+# ``send(call, since)``: make ``call(request_timeout)``, retrying transient failures until the API
+# has been silent for ``api_timeout`` since ``since`` (None: now); see ``KubernetesBackend._send``.
+Send = Callable[[Callable[[tuple[float, float]], Any], float | None], Any]
+
+
+class CustomObjects:
+    """Create, read, list and delete namespaced custom objects; plain JSON in and out."""
+
+    def __init__(self, api_client: Any, send: Send, api_url: str = "") -> None:
+        from kubernetes.client import CustomObjectsApi
+
+        self.api = CustomObjectsApi(api_client)
+        self.send = send
+        self.api_url = api_url
+
+    def create(self, namespace: str, gvk: GVK, body: Obj, since: float | None = None) -> Obj:
+        group, version, plural, _ = gvk
+        name = body["metadata"]["name"]
+        attempts = 0
+
+        def post(timeout: tuple[float, float]) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return self.api.create_namespaced_custom_object(
+                group, version, namespace, plural, body, _preload_content=False, _request_timeout=timeout
+            )
+
+        try:
+            return dict(json.loads(self.send(post, since).data))
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) == CONFLICT and attempts > 1:
+                # A retried POST whose first attempt went through: the object is there.
+                existing = self.get(namespace, gvk, name, since)
+                if existing is not None:
+                    return existing
+            raise translate(error, ApiRequest("create", plural, namespace, name), self.api_url) from error
+
+    def get(self, namespace: str, gvk: GVK, name: str, since: float | None = None) -> Obj | None:
+        group, version, plural, _ = gvk
+        try:
+            response = self.send(
+                lambda timeout: self.api.get_namespaced_custom_object(
+                    group, version, namespace, plural, name, _preload_content=False, _request_timeout=timeout
+                ),
+                since,
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) == NOT_FOUND:
+                return None
+            raise translate(error, ApiRequest("get", plural, namespace, name), self.api_url) from error
+        return dict(json.loads(response.data))
+
+    def list(self, namespace: str, gvk: GVK, selector: str, since: float | None = None) -> list[Obj]:
+        group, version, plural, _ = gvk
+        try:
+            response = self.send(
+                lambda timeout: self.api.list_namespaced_custom_object(
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    label_selector=selector,
+                    _preload_content=False,
+                    _request_timeout=timeout,
+                ),
+                since,
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) == NOT_FOUND:  # the CRD is not installed: none of these exist
+                return []
+            raise translate(error, ApiRequest("list", plural, namespace), self.api_url) from error
+        return list(json.loads(response.data).get("items") or [])
+
+    def delete(
+        self, namespace: str, gvk: GVK, name: str, propagation: str = "Background", since: float | None = None
+    ) -> bool:
+        """Delete; False when it was not there."""
+        from kubernetes.client import V1DeleteOptions
+
+        group, version, plural, _ = gvk
+        try:
+            self.send(
+                lambda timeout: self.api.delete_namespaced_custom_object(
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    name,
+                    body=V1DeleteOptions(propagation_policy=propagation),
+                    _preload_content=False,
+                    _request_timeout=timeout,
+                ),
+                since,
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) == NOT_FOUND:
+                return False
+            raise translate(error, ApiRequest("delete", plural, namespace, name), self.api_url) from error
+        return True

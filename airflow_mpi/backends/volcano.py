@@ -1,0 +1,122 @@
+"""Volcano Job backend: one ``batch.volcano.sh/v1alpha1`` Job per MPI job (``airflow-mpi render
+--backend volcano`` prints it), gang-scheduled and queued by Volcano.
+
+Volcano's controller creates the pods (master and workers at once, once the queue admits the
+job) and the headless Service; we create the Job, then our Secret and ConfigMap owned by it.
+From there this is the Kubernetes backend: the same pod watch (by our job label, which the pod
+templates carry), readiness, master log follow and failure causes. Success is the master's
+(phase ``Completed`` follows from it); teardown deletes the Job, whose owner references take
+everything else along.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from airflow_mpi.backends.base import FoundJob
+from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend
+from airflow_mpi.exceptions import LaunchError
+from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
+from airflow_mpi.plan import JobPlan
+from airflow_mpi.spec import Role
+from airflow_mpi.status import PodState
+from airflow_mpi.volcano import (
+    VOLCANO_JOB,
+    describe_volcano_wait,
+    render_volcano_manifests,
+    render_volcano_owner_reference,
+    without_policy_kills,
+)
+
+
+class VolcanoBackend(KubernetesBackend):
+    """The Kubernetes backend with Volcano's job controller creating the pods."""
+
+    name = "volcano"
+
+    def create(self, plan: JobPlan) -> None:
+        namespace = self.namespace_for(plan.spec)
+        volcano_job, secret, config_map = render_volcano_manifests(plan, namespace)
+        if self.custom.get(namespace, VOLCANO_JOB, plan.job_name) is not None:
+            # An earlier attempt of this very try: start clean (its pods may be half-way).
+            self._delete_volcano_job(namespace, plan.job_name)
+        created = self.custom.create(namespace, VOLCANO_JOB, volcano_job)
+        owner = render_volcano_owner_reference(plan, created["metadata"]["uid"])
+        job = self._watch(plan, namespace, created["metadata"]["resourceVersion"])
+        job.roles[plan.master.name] = Role.MASTER  # Volcano creates it with the workers
+        try:
+            for obj, plural in ((secret, "secrets"), (config_map, "configmaps")):
+                obj["metadata"]["ownerReferences"] = [owner]
+                self._create(namespace, plural, obj)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the create's own error is the one to raise
+                self.teardown(plan.job_name, namespace)
+            raise
+
+    def starts_master_with_workers(self, plan: JobPlan) -> bool:
+        return True
+
+    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
+        return [VOLCANO_JOB[:3]]
+
+    def start_master(self, job_name: str) -> None:
+        """Nothing to do: Volcano starts the master with the workers; its launch script waits
+        for their sshd."""
+        self._job(job_name).roles.setdefault(self._job(job_name).master, Role.MASTER)
+
+    def pod_states(self, job_name: str) -> list[PodState]:
+        return without_policy_kills(super().pod_states(job_name))
+
+    def queue_status(self, job_name: str) -> str | None:
+        """Queued while the Job is Pending and none of its pods exists yet (Volcano creates them
+        only once the queue admits the whole job)."""
+        job = self._job(job_name)
+        with job.watcher.cond:
+            if job.watcher.table.pods:
+                return None
+        return describe_volcano_wait(self.custom.get(job.namespace, VOLCANO_JOB, job_name))
+
+    def volcano_phase(self, job_name: str) -> str:
+        """The Volcano Job's phase (``Pending``, ``Running``, ``Completed``, ``Terminated``...)."""
+        job = self._job(job_name)
+        found = self.custom.get(job.namespace, VOLCANO_JOB, job_name)
+        return str(((found or {}).get("status") or {}).get("state", {}).get("phase", "")) if found else ""
+
+    def teardown(self, job_name: str, namespace: str | None = None) -> None:
+        """Delete the Volcano Job (its pods, Service, PodGroup, our Secret and ConfigMap go with
+        it) and wait until its pods are gone."""
+        job = self._jobs.get(job_name)
+        namespace = job.namespace if job else namespace or self._namespace or "default"
+        # Foreground: the Job is gone only once everything it owns is.
+        self.custom.delete(namespace, VOLCANO_JOB, job_name, propagation="Foreground")
+        super().teardown(job_name, namespace)  # waits for the pods; its Service delete finds none
+        deadline = time.monotonic() + TEARDOWN_WAIT
+        while self.custom.get(namespace, VOLCANO_JOB, job_name) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def _delete_volcano_job(self, namespace: str, name: str) -> None:
+        self.custom.delete(namespace, VOLCANO_JOB, name, propagation="Foreground")
+        deadline = time.monotonic() + 60
+        while self.custom.get(namespace, VOLCANO_JOB, name) is not None:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"Volcano job {name}: an earlier attempt's job is still being deleted")
+            time.sleep(0.5)
+
+    def leftovers(self, job_name: str) -> list[str]:
+        job = self._jobs.get(job_name)
+        namespace = job.namespace if job else self._namespace or "default"
+        found = super().leftovers(job_name)
+        if self.custom.get(namespace, VOLCANO_JOB, job_name) is not None:
+            found.append(f"Volcano job {job_name}")
+        found += [f"pod {p['metadata']['name']}" for p in self._list(namespace, "pods", job_selector(job_name))]
+        return sorted(set(found))
+
+    def find_jobs(self, identity: RunIdentity, namespace: str) -> list[FoundJob]:
+        """Volcano Jobs of every try of this task instance (they carry the run labels)."""
+        found = []
+        for volcano_job in self.custom.list(namespace, VOLCANO_JOB, run_selector(identity)):
+            labels = volcano_job["metadata"].get("labels") or {}
+            name = labels.get(LABEL_JOB, volcano_job["metadata"]["name"])
+            found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
+        return sorted(found, key=lambda job: job.try_number)

@@ -1,0 +1,201 @@
+"""The Volcano Job backend's objects: one ``batch.volcano.sh/v1alpha1`` Job plus our Secret and
+ConfigMap, owned by it.
+
+Tasks ``master`` (1) and ``worker`` (N) make Volcano name the pods ``<job>-master-0`` and
+``<job>-worker-<i>`` and its ``svc`` plugin give them the hosts ``<pod>.<job>``: the names the
+pod contract already uses, and ``GJ_TRAINING_VC_JOB_NAME`` is the Volcano job's own name.
+Only the ``svc`` and ``env`` plugins: ``ssh`` would overwrite a Secret named ``<job>-ssh`` and
+mount its own keys over ``/root/.ssh``; ``mpi`` turns ``ssh`` on. Airflow owns retries, so any
+failed or evicted pod terminates the job and the master's success completes it.
+
+One pod template per task: a worker's own name comes from the downward API, and the workers
+share one host key (every worker's known_hosts line pins it), since a template cannot hold
+per-pod Secret items.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from airflow_mpi import contract
+from airflow_mpi.exceptions import SpecError, SpecIssue
+from airflow_mpi.manifests import (
+    PLACEHOLDER_UID,
+    VOLUME_CONFIG,
+    VOLUME_SSH,
+    Manifest,
+    render_config_map,
+    render_pod,
+    render_secret,
+    require_image,
+)
+from airflow_mpi.naming import LABEL_INDEX
+from airflow_mpi.plan import JobPlan, PodPlan
+from airflow_mpi.spec import Gang, Role
+from airflow_mpi.ssh import SshMaterial
+from airflow_mpi.status import PodState
+
+VOLCANO_JOB = ("batch.volcano.sh", "v1alpha1", "jobs", "Job")
+DEFAULT_QUEUE = "default"
+DEFAULT_SCHEDULER = "volcano"
+TASK_MASTER = Role.MASTER.value
+TASK_WORKER = Role.WORKER.value
+PLUGINS: dict[str, list[str]] = {"svc": [], "env": []}
+ENDING_EVENTS = ["PodFailed", "PodEvicted"]
+# Volcano's own label on the pods of a job (its Service and our leftovers check select by it).
+LABEL_VOLCANO_JOB = "volcano.sh/job-name"
+# Job phases: success, failure, and waiting for the queue (no pods exist yet).
+SUCCEEDED_PHASES = frozenset({"Completed"})
+FAILED_PHASES = frozenset({"Terminated", "Failed", "Aborted"})
+QUEUED_PHASES = frozenset({"", "Pending"})
+
+
+def volcano_secret_name(job_name: str) -> str:
+    """Not ``<job>-ssh`` (Volcano's ssh plugin overwrites that Secret) nor ``<job>-svc``."""
+    return f"{job_name}-mpi-ssh"
+
+
+def volcano_config_map_name(job_name: str) -> str:
+    """Not ``<job>-svc`` (the svc plugin's hosts ConfigMap)."""
+    return f"{job_name}-mpi-config"
+
+
+def render_volcano_owner_reference(plan: JobPlan, uid: str) -> Manifest:
+    """The Volcano Job owns our Secret and ConfigMap: deleting it garbage-collects them."""
+    group, version, _, kind = VOLCANO_JOB
+    return {"apiVersion": f"{group}/{version}", "kind": kind, "name": plan.job_name, "uid": uid, "controller": True}
+
+
+def share_worker_host_key(plan: JobPlan) -> JobPlan:
+    """The plan with one host key for every worker (a task's template is the same for all)."""
+    if not plan.workers:
+        return plan
+    shared = plan.ssh.host_keys[plan.workers[0].name]
+    keys = {pod.name: shared if pod.role is Role.WORKER else plan.ssh.host_keys[pod.name] for pod in plan.pods}
+    return dataclasses.replace(plan, ssh=SshMaterial(client=plan.ssh.client, host_keys=keys))
+
+
+def render_volcano_manifests(
+    plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
+) -> list[Manifest]:
+    """Every object the Volcano backend creates, in order: the Job, then its Secret and ConfigMap
+    (owned by the Job, so created once its uid is known)."""
+    require_image(plan)
+    _require_volcano_gang(plan)
+    plan = share_worker_host_key(plan)
+    owner = render_volcano_owner_reference(plan, owner_uid or PLACEHOLDER_UID)
+    secret = render_secret(plan, namespace, owner, redact=redact_secrets)
+    secret["metadata"]["name"] = volcano_secret_name(plan.job_name)
+    config_map = render_config_map(plan, namespace, owner)
+    config_map["metadata"]["name"] = volcano_config_map_name(plan.job_name)
+    return [render_volcano_job(plan, namespace), secret, config_map]
+
+
+def _require_volcano_gang(plan: JobPlan) -> None:
+    gang = plan.spec.scheduling.gang
+    if gang is not None and gang is not Gang.VOLCANO:
+        raise SpecError(
+            [
+                SpecIssue(
+                    "scheduling.gang",
+                    f"is {gang.value!r}, but the Volcano Job backend is always gang-scheduled by Volcano",
+                    "leave it out (or set 'volcano') for this backend, or use the kubernetes backend",
+                )
+            ]
+        )
+
+
+def render_volcano_job(plan: JobPlan, namespace: str) -> Manifest:
+    """The ``batch.volcano.sh/v1alpha1`` Job: tasks master and worker, gang of 1 + N."""
+    spec, scheduling = plan.spec, plan.spec.scheduling
+    master_policies: list[Manifest] = [
+        {"event": "TaskCompleted", "action": "CompleteJob"},
+        {"events": list(ENDING_EVENTS), "action": "TerminateJob"},
+    ]
+    tasks = [_task(plan, plan.master, 1, master_policies, namespace)]
+    if plan.workers:
+        worker_policies: list[Manifest] = [{"events": list(ENDING_EVENTS), "action": "TerminateJob"}]
+        tasks.append(_task(plan, plan.workers[0], len(plan.workers), worker_policies, namespace))
+    job_spec: Manifest = {
+        "schedulerName": scheduling.scheduler_name or DEFAULT_SCHEDULER,
+        "queue": scheduling.queue or DEFAULT_QUEUE,
+        "minAvailable": len(plan.pods),
+        "maxRetry": 0,
+        "plugins": {name: list(args) for name, args in PLUGINS.items()},
+        "tasks": tasks,
+    }
+    if spec.pod.priority_class:
+        job_spec["priorityClassName"] = spec.pod.priority_class
+    group, version, _, kind = VOLCANO_JOB
+    master = render_pod(plan, plan.master, namespace, None)
+    metadata = {key: master["metadata"][key] for key in ("namespace", "annotations")}
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": {"name": plan.job_name, **metadata, "labels": dict(plan.labels)},
+        "spec": job_spec,
+    }
+
+
+def _task(plan: JobPlan, first: PodPlan, replicas: int, policies: list[Manifest], namespace: str) -> Manifest:
+    return {
+        "name": first.role.value,
+        "replicas": replicas,
+        "minAvailable": replicas,
+        "maxRetry": 0,
+        "policies": policies,
+        "template": _template(plan, first, namespace),
+    }
+
+
+def _template(plan: JobPlan, first: PodPlan, namespace: str) -> Manifest:
+    """A task's pod template from the task's first pod: no per-pod name, index or host name
+    (Volcano sets them), our Secret and ConfigMap under their Volcano names."""
+    pod = render_pod(plan, first, namespace, None)
+    metadata = pod["metadata"]
+    labels = dict(metadata["labels"])
+    if first.role is Role.WORKER:
+        labels.pop(LABEL_INDEX, None)
+    pod_spec = pod["spec"]
+    pod_spec.pop("hostname", None)
+    pod_spec.pop("subdomain", None)
+    for volume in pod_spec["volumes"]:
+        if volume["name"] == VOLUME_CONFIG:
+            volume["configMap"]["name"] = volcano_config_map_name(plan.job_name)
+        elif volume["name"] == VOLUME_SSH:
+            volume["secret"]["secretName"] = volcano_secret_name(plan.job_name)
+    container = pod_spec["containers"][0]
+    container["env"] = [_downward_pod_name(item) for item in container["env"]]
+    return {"metadata": {"labels": labels, "annotations": dict(metadata["annotations"])}, "spec": pod_spec}
+
+
+def _downward_pod_name(item: dict[str, Any]) -> dict[str, Any]:
+    """The pod's own name from the API (one template serves every pod of a task)."""
+    if item["name"] != contract.ENV_POD_NAME:
+        return item
+    return {"name": item["name"], "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+
+
+def without_policy_kills(states: list[PodState]) -> list[PodState]:
+    """Pod states with the pods the job's own policy deleted left out: once one pod ended by
+    itself (the master's success, a rank's failure), Volcano deletes the running rest, and those
+    are not what decided the job."""
+    if not any(state.ended and state.reason != "Deleted" for state in states):
+        return states
+    return [state for state in states if state.reason != "Deleted"]
+
+
+def describe_volcano_wait(job: Manifest | None) -> str | None:
+    """Why a Volcano Job has no running pods yet (its PodGroup waits in the queue), or None once
+    the queue admitted it (its pods exist: the pod rules apply from then on)."""
+    if job is None:
+        return None
+    phase = ((job.get("status") or {}).get("state") or {}).get("phase", "")
+    if phase not in QUEUED_PHASES:
+        return None
+    counts = job.get("status") or {}
+    if any(counts.get(key) for key in ("pending", "running", "succeeded", "failed")):
+        return None
+    queue = job.get("spec", {}).get("queue", DEFAULT_QUEUE)
+    return f"queued in Volcano queue {queue!r}: job {phase or 'not yet seen by the controller'}"
