@@ -82,7 +82,9 @@ def test_a_tqdm_bar_updated_100k_times_shows_about_one_state_a_second_and_the_la
     assert report["error"] == "" and report["growth_kb"] < GROWTH_LIMIT_KB, report
     lines = (tmp_path / "task.log").read_text().split("\n")
     states = [line for line in lines if line.startswith("[1,0]<stderr>:") and "/100000" in line]
-    assert 1 <= len(states) <= report["seconds"] + 2, states
+    # One state a second from the first, the state held back when the bar's final line comes, and
+    # that final line: at most seconds + 3.
+    assert 1 <= len(states) <= report["seconds"] + 3, states
     assert "100000/100000" in states[-1] and states[-1].startswith("[1,0]<stderr>:100%|")
     assert not any("\r" in line for line in lines)
     assert f"{RANK0}training done" in lines
