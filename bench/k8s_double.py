@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.naming import RunIdentity
+from airflow_mpi.naming import LABEL_ROLE, RunIdentity, job_selector
 from airflow_mpi.plan import render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
@@ -118,7 +118,9 @@ def scale(double: Double, workers: int) -> dict[str, float]:
         master_created = time.perf_counter()
         runner.finish()
     finally:
+        teardown_started = time.perf_counter()
         runner.teardown()
+        teardown = time.perf_counter() - teardown_started
         PodTable.apply = original  # type: ignore[method-assign]
     requests = double.requests()
     return {
@@ -127,7 +129,52 @@ def scale(double: Double, workers: int) -> dict[str, float]:
         "watches": sum(1 for _, path in requests if "watch=" in path),
         "submit_to_ready": ready - started,
         "ready_to_master": master_created - last_ready[0],
+        "teardown": teardown,
     }
+
+
+def bare_api(double: Double, workers: int) -> dict[str, float]:
+    """What a hand-written client would do instead: POST the job's very manifests (16 at a time, as
+    the backend does), poll the pod list until every worker is Ready, then DELETE each object."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from airflow_mpi.manifests import render_manifests
+
+    double.call("/_double/reset", {})
+    plan = plan_for(workers, "bare")
+    manifests = render_manifests(plan, "default")
+    for manifest in manifests:
+        manifest["metadata"].pop("ownerReferences", None)  # no owner: nothing collects them early
+    core = client.CoreV1Api(backend_for(double).api_client)
+    create = {"Service": core.create_namespaced_service, "Secret": core.create_namespaced_secret}
+    create["ConfigMap"], create["Pod"] = core.create_namespaced_config_map, core.create_namespaced_pod
+    delete = {"Service": core.delete_namespaced_service, "Secret": core.delete_namespaced_secret}
+    delete["ConfigMap"], delete["Pod"] = core.delete_namespaced_config_map, core.delete_namespaced_pod
+    *objects, master = manifests
+    selector = f"{job_selector(plan.job_name)},{LABEL_ROLE}=worker"
+    with ThreadPoolExecutor(16) as pool:
+        started = time.perf_counter()
+        for manifest in objects[:3]:
+            create[manifest["kind"]]("default", manifest, _preload_content=False)
+        list(pool.map(lambda m: create["Pod"]("default", m, _preload_content=False), objects[3:]))
+        while True:
+            listed = core.list_namespaced_pod("default", label_selector=selector).items
+            if len(listed) == workers and all(
+                any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) for p in listed
+            ):
+                break
+            time.sleep(0.01)
+        ready = time.perf_counter()
+        create["Pod"]("default", master, _preload_content=False)
+        teardown_started = time.perf_counter()
+        list(
+            pool.map(
+                lambda m: delete[m["kind"]](m["metadata"]["name"], "default", _preload_content=False),
+                [*objects, master],
+            )
+        )
+        teardown = time.perf_counter() - teardown_started
+    return {"submit_to_ready": ready - started, "teardown": teardown, "requests": len(double.requests())}
 
 
 class CountingHandler(logging.Handler):
