@@ -73,21 +73,29 @@ def scaling(quick: bool) -> list[Figure]:
 
     sizes = (1, 4) if quick else (1, 2, 4, 8)
     runs = 2 if quick else 3
-    figures, walls = [], {}
+    figures, walls, bares = [], {}, {}
     for workers in sizes:
         got = measure(runs=runs, workers=workers)
-        walls[workers] = float(got["job"])  # type: ignore[arg-type]
+        walls[workers], bares[workers] = float(got["job"]), float(got["bare"])  # type: ignore[arg-type]
         figures.append(
             figure(
                 f"scaling: {workers} worker(s), job wall",
                 walls[workers],
                 "s",
                 baseline=f"bare `mpiexec -np {workers + 1}` in the same pods",
-                baseline_value=float(got["bare"]),  # type: ignore[arg-type]
+                baseline_value=bares[workers],
             )
         )
     first, last = sizes[0], sizes[-1]
-    figures.append(figure("scaling: wall growth per added worker", (walls[last] - walls[first]) / (last - first), "s"))
+    figures.append(
+        figure(
+            "scaling: wall growth per added worker",
+            (walls[last] - walls[first]) / (last - first),
+            "s",
+            baseline="bare mpiexec's growth per added rank",
+            baseline_value=(bares[last] - bares[first]) / (last - first),
+        )
+    )
     return figures
 
 
