@@ -25,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 from k8s_double import Double, backend_for, plan_for
 
@@ -46,13 +47,15 @@ class TerminatedWatcher:
         # A daemon thread: it ends with the double (closing the response here would block until the
         # watch's read returns).
         with contextlib.suppress(Exception):
-            for line in self._response:
-                if b'"Succeeded"' not in line and b'"Failed"' not in line:
-                    continue
+            pending = b""
+            while chunk := self._response.read1(1 << 16):  # what has arrived; readline would wait for more
                 at = time.time()
-                pod = json.loads(line)["object"]
-                if pod["status"].get("phase") in ("Succeeded", "Failed"):
-                    self.seen.setdefault(pod["metadata"]["name"], at)
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if b'"Succeeded"' in line or b'"Failed"' in line:
+                        pod = json.loads(line)["object"]
+                        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+                            self.seen.setdefault(pod["metadata"]["name"], at)
 
 
 def measure(double: Double, jobs: int, quiet: float = 5.0) -> dict[str, Any]:
@@ -77,13 +80,12 @@ def measure(double: Double, jobs: int, quiet: float = 5.0) -> dict[str, Any]:
         assert proc.stdout is not None
         started = json.loads(proc.stdout.readline())
         before = len(double.requests())
-        deadline = time.monotonic() + 120
-        while len(double.requests()) - before < 2 * jobs:  # a list and a watch each
+        deadline = time.monotonic() + 300
+        while (watching := watched_jobs(double.requests()[before:])) < jobs:  # a trigger re-watches after 60 s
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(
-                    f"the triggers did not all start watching: {len(double.requests()) - before} requests"
-                )
+                raise RuntimeError(f"only {watching} of {jobs} triggers started watching")
             time.sleep(0.1)
+        all_watching = time.time() - started["started"]
         settled = len(double.requests())
         time.sleep(quiet)
         during_quiet = len(double.requests()) - settled
@@ -118,10 +120,17 @@ def measure(double: Double, jobs: int, quiet: float = 5.0) -> dict[str, Any]:
         "requests_per_job_waiting": total_waiting / jobs,
         "requests_in_quiet_window": during_quiet,
         "waited_s": waited,
+        "all_watching_s": all_watching,
         "delay_p50_s": statistics.median(delays),
         "delay_p99_s": delays[max(0, int(len(delays) * 0.99) - 1)],
         "delay_max_s": delays[-1],
     }
+
+
+def watched_jobs(requests: list[list[str]]) -> int:
+    """How many jobs have a watch among these requests (the label selector names the job)."""
+    watches = [path for _, path in requests if "watch=" in path]
+    return len({parse_qs(urlparse(path).query).get("labelSelector", [""])[0] for path in watches})
 
 
 def trigger_kwargs(runner: JobRunner) -> dict[str, Any]:

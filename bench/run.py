@@ -255,6 +255,7 @@ def deferred_jobs(quick: bool) -> list[Figure]:
             baseline_value=got["waited_s"] / poll_interval,
         ),
         figure("deferred: API requests of all jobs in a quiet window", got["requests_in_quiet_window"], "requests"),
+        figure(f"deferred: triggerer start -> all {jobs} triggers watching", got["all_watching_s"], "s"),
         figure("deferred: pod event -> trigger event p50", got["delay_p50_s"], "s"),
         figure("deferred: pod event -> trigger event p99", got["delay_p99_s"], "s"),
     ]
