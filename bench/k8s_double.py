@@ -22,7 +22,9 @@ import time
 import urllib.request
 from typing import Any
 
+import urllib3
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.naming import LABEL_ROLE, RunIdentity, job_selector
@@ -153,9 +155,22 @@ def bare_api(double: Double, workers: int) -> dict[str, float]:
     *objects, master = manifests
 
     def send(call: Any, *args: Any) -> None:
-        response = call(*args, _preload_content=False)
-        response.read()  # read, so that the connection goes back to the pool
-        response.release_conn()
+        """One request, retried as any client would when a pooled connection was closed under it
+        (a 409 or 404 on a retry: the first attempt went through)."""
+        for attempt in range(3):
+            try:
+                response = call(*args, _preload_content=False)
+            except ApiException as error:
+                if attempt and error.status in (404, 409):
+                    return
+                raise
+            except urllib3.exceptions.ProtocolError:
+                if attempt == 2:
+                    raise
+                continue
+            response.read()  # read, so that the connection goes back to the pool
+            response.release_conn()
+            return
 
     selector = f"{job_selector(plan.job_name)},{LABEL_ROLE}=worker"
     with ThreadPoolExecutor(16) as pool:
