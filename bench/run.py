@@ -322,7 +322,7 @@ def main() -> int:
     print(markdown_table(results["figures"]))
     meta = results["meta"]
     print(f"\nload average {meta['load_average']} at the start, {meta['load_average_end']} at the end")
-    if args.readme:
+    if args.readme and not broken:  # the README's table shows a complete run only
         readme = Path(args.readme)
         readme.write_text(rewrite_readme(readme.read_text(), results))
     for error in broken:
