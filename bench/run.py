@@ -136,9 +136,10 @@ def control_plane(quick: bool) -> list[Figure]:
     double = Double()
     try:
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        ours = {n: scale(double, n) for n in sizes}
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the bare client's own use
         for n in sizes:
-            got = scale(double, n)
-            bare = bare_api(double, n)
+            got, bare = ours[n], bare_api(double, n)
             figures += [
                 figure(
                     f"control plane N={n}: API requests per job",
@@ -164,7 +165,6 @@ def control_plane(quick: bool) -> list[Figure]:
                     baseline_value=bare["teardown"],
                 ),
             ]
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     finally:
         double.stop()
     figures.append(
