@@ -22,10 +22,12 @@ import time
 import urllib.request
 from typing import Any
 
+import urllib3
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.naming import RunIdentity
+from airflow_mpi.naming import LABEL_ROLE, RunIdentity, job_selector
 from airflow_mpi.plan import render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
@@ -118,7 +120,9 @@ def scale(double: Double, workers: int) -> dict[str, float]:
         master_created = time.perf_counter()
         runner.finish()
     finally:
+        teardown_started = time.perf_counter()
         runner.teardown()
+        teardown = time.perf_counter() - teardown_started
         PodTable.apply = original  # type: ignore[method-assign]
     requests = double.requests()
     return {
@@ -127,7 +131,71 @@ def scale(double: Double, workers: int) -> dict[str, float]:
         "watches": sum(1 for _, path in requests if "watch=" in path),
         "submit_to_ready": ready - started,
         "ready_to_master": master_created - last_ready[0],
+        "teardown": teardown,
     }
+
+
+def bare_api(double: Double, workers: int) -> dict[str, float]:
+    """What a hand-written client would do instead: POST the job's very manifests (16 at a time, as
+    the backend does), poll the pod list until every worker is Ready, then DELETE each object."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from airflow_mpi.manifests import render_manifests
+
+    double.call("/_double/reset", {})
+    plan = plan_for(workers, "bare")
+    manifests = render_manifests(plan, "default")
+    for manifest in manifests:
+        manifest["metadata"].pop("ownerReferences", None)  # no owner: nothing collects them early
+    core = client.CoreV1Api(backend_for(double).api_client)
+    create = {"Service": core.create_namespaced_service, "Secret": core.create_namespaced_secret}
+    create["ConfigMap"], create["Pod"] = core.create_namespaced_config_map, core.create_namespaced_pod
+    delete = {"Service": core.delete_namespaced_service, "Secret": core.delete_namespaced_secret}
+    delete["ConfigMap"], delete["Pod"] = core.delete_namespaced_config_map, core.delete_namespaced_pod
+    *objects, master = manifests
+
+    def send(call: Any, *args: Any) -> None:
+        """One request, retried as any client would when a pooled connection was closed under it
+        (a 409 or 404 on a retry: the first attempt went through)."""
+        for attempt in range(3):
+            try:
+                response = call(*args, _preload_content=False)
+            except ApiException as error:
+                if attempt and error.status in (404, 409):
+                    return
+                raise
+            except urllib3.exceptions.ProtocolError:
+                if attempt == 2:
+                    raise
+                continue
+            response.read()  # read, so that the connection goes back to the pool
+            response.release_conn()
+            return
+
+    selector = f"{job_selector(plan.job_name)},{LABEL_ROLE}=worker"
+    with ThreadPoolExecutor(16) as pool:
+        started = time.perf_counter()
+        for manifest in objects[:3]:
+            send(create[manifest["kind"]], "default", manifest)
+        list(pool.map(lambda m: send(create["Pod"], "default", m), objects[3:]))
+        while True:
+            listed = core.list_namespaced_pod("default", label_selector=selector).items
+            if len(listed) == workers and all(
+                any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) for p in listed
+            ):
+                break
+            time.sleep(0.01)
+        ready = time.perf_counter()
+        send(create["Pod"], "default", master)
+        teardown_started = time.perf_counter()
+        list(
+            pool.map(
+                lambda m: send(delete[m["kind"]], m["metadata"]["name"], "default"),
+                [*objects, master],
+            )
+        )
+        teardown = time.perf_counter() - teardown_started
+    return {"submit_to_ready": ready - started, "teardown": teardown, "requests": len(double.requests())}
 
 
 class CountingHandler(logging.Handler):

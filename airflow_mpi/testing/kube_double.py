@@ -7,7 +7,7 @@ What it speaks (core/v1, namespaced): create, replace (PUT), get, list, watch (c
 resourceVersion, bookmarks, 410 Gone past its history), delete (Background/Foreground/Orphan with
 ownerReference garbage collection), label and field selectors, 400/404/409/422 errors, pod status
 transitions (Pending -> Running -> Ready -> Succeeded/Failed with exit codes and reasons), events,
-and ``pods/{name}/log`` with ``follow``, ``timestamps``, ``sinceTime`` (chunked).
+and ``pods/{name}/log`` with ``follow``, ``timestamps``, ``sinceTime``, ``sinceSeconds`` (chunked).
 
 It is as strict as kube-apiserver: every create and replace goes through ``apivalidation`` (the
 apiserver's own rules for names, labels, annotations, owner references, pods, services, secrets,
@@ -1055,6 +1055,8 @@ class _Handler(BaseHTTPRequestHandler):
         follow = _flag(query, "follow")
         timestamps = _flag(query, "timestamps")
         since_ns = parse_time_seconds(query["sinceTime"]) * 1_000_000_000 if query.get("sinceTime") else 0
+        if query.get("sinceSeconds"):  # the kubelet counts back from its own (the node's) clock
+            since_ns = double.node_time_ns() - int(query["sinceSeconds"]) * 1_000_000_000
         drop_after = double.take_log_drop() if follow else None
         self._start_chunked("text/plain")
         index, sent = 0, 0
@@ -1309,12 +1311,15 @@ def _set_evicted(pod: Obj) -> None:
 class KnobScript:
     """Scripted pods steered by knobs (``POST /_double/knobs``): workers run and are Ready; the
     master prints ``master_lines`` lines (at ``master_rate`` per second, 0: as fast as it can),
-    each ending with the real clock in ns, then exits with ``master_exit``."""
+    each ending with the real clock in ns, then exits with ``master_exit``. While ``hold_masters``
+    is true, masters run without printing (deferred jobs wait on them; clearing it ends them all)."""
 
     def __init__(self) -> None:
-        self.knobs: dict[str, Any] = {"master_lines": 10, "master_rate": 0.0, "master_exit": 0}
+        self.knobs: dict[str, Any] = {"master_lines": 10, "master_rate": 0.0, "master_exit": 0, "hold_masters": False}
 
     def _lines(self) -> Iterator[str]:
+        while self.knobs["hold_masters"]:
+            time.sleep(0.05)
         count, rate = int(self.knobs["master_lines"]), float(self.knobs["master_rate"])
         start = time.monotonic()
         for i in range(count):

@@ -1,0 +1,338 @@
+"""Every benchmark in one command, each figure next to the baseline it is judged against, both
+measured in the same run (absolute times on shared machines drift; ratios much less).
+
+    .venv/bin/python bench/run.py [--quick] [--only NAME ...] [--readme README.md]
+
+Writes bench/results.json (``{"meta": ..., "figures": [...]}``, one object per figure) and prints
+a Markdown table. Exits 1 only when a benchmark broke (raised, or measured nothing): a missed
+target is a figure to read, not a failure, since these machines are noisy.
+
+The local-backend benchmarks (network namespaces, sshd, mpiexec) share machine-wide state with
+the integration tests, so they run under the same lock (``/tmp/airflow-mpi-itest.lock``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from report import Figure, figure, markdown_table, rewrite_readme
+
+HERE = Path(__file__).resolve().parent
+LOCK = "/tmp/airflow-mpi-itest.lock"
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    """The integration tests' lock: one user of namespaces, sshd and mpiexec at a time."""
+    with open(LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- the benchmarks: each returns its figures ------------------------------------------------
+
+
+def launch(quick: bool) -> list[Figure]:
+    """1. A 3-pod hello job through the runner minus bare mpiexec -np 3 over the same pods."""
+    from launch_overhead import measure
+
+    got = measure(runs=3 if quick else 7)
+    job, bare = float(got["job"]), float(got["bare"])  # type: ignore[arg-type]
+    phases: dict[str, float] = got["phases"]  # type: ignore[assignment]
+    figures = [
+        figure(
+            "launch: 3-pod hello job, wall",
+            job,
+            "s",
+            baseline="bare `mpiexec -np 3` in the same pods",
+            baseline_value=bare,
+        ),
+        figure("launch overhead (job - bare mpiexec)", job - bare, "s", at_most=0.5),
+    ]
+    figures += [figure(f"launch phase: {name}", value, "s") for name, value in phases.items()]
+    return figures
+
+
+def scaling(quick: bool) -> list[Figure]:
+    """2. 1, 2, 4, 8 workers (1 rank each, plus the master's): wall against bare mpiexec."""
+    from launch_overhead import measure
+
+    sizes = (1, 4) if quick else (1, 2, 4, 8)
+    runs = 2 if quick else 3
+    figures, walls, bares = [], {}, {}
+    for workers in sizes:
+        got = measure(runs=runs, workers=workers)
+        walls[workers], bares[workers] = float(got["job"]), float(got["bare"])  # type: ignore[arg-type]
+        figures.append(
+            figure(
+                f"scaling: {workers} worker(s), job wall",
+                walls[workers],
+                "s",
+                baseline=f"bare `mpiexec -np {workers + 1}` in the same pods",
+                baseline_value=bares[workers],
+            )
+        )
+    first, last = sizes[0], sizes[-1]
+    figures.append(
+        figure(
+            "scaling: wall growth per added worker",
+            (walls[last] - walls[first]) / (last - first),
+            "s",
+            baseline="bare mpiexec's growth per added rank",
+            baseline_value=(bares[last] - bares[first]) / (last - first),
+        )
+    )
+    return figures
+
+
+def local_logs(quick: bool) -> list[Figure]:
+    """4b. Local backend log flood into a task logger against the same lines written to /dev/null."""
+    from log_throughput import flood, to_devnull, trickle
+
+    lines = 30_000 if quick else 100_000
+    log_path = Path("/var/tmp/airflow-mpi-bench-task.log")
+    try:
+        got = flood(lines, log_path)
+    finally:
+        log_path.unlink(missing_ok=True)
+    devnull = to_devnull(lines)
+    delays = trickle(2.0 if quick else 5.0)
+    return [
+        figure(
+            "local logs: flood into the task logger",
+            got["lines_per_s"],
+            "lines/s",
+            baseline="the same 3 processes writing to /dev/null",
+            baseline_value=devnull,
+        ),
+        figure(
+            "local logs: print -> log record p99 at 20 lines/s", delays[int(len(delays) * 0.99) - 1], "s", at_most=0.1
+        ),
+    ]
+
+
+def control_plane(quick: bool) -> list[Figure]:
+    """3. The Kubernetes backend against the API double (its own process), N = 1 .. 1000 workers."""
+    import resource
+
+    from k8s_double import Double, bare_api, scale
+
+    sizes = (1, 10, 100) if quick else (1, 10, 100, 1000)
+    figures = []
+    double = Double()
+    try:
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        ours = {n: scale(double, n) for n in sizes}
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the bare client's own use
+        for n in sizes:
+            got, bare = ours[n], bare_api(double, n)
+            figures += [
+                figure(
+                    f"control plane N={n}: API requests per job",
+                    got["requests"],
+                    "requests",
+                    baseline="a bare client: POST each object, poll until Ready, DELETE each",
+                    baseline_value=bare["requests"],
+                    at_most=n + 10,
+                ),
+                figure(
+                    f"control plane N={n}: submit -> all workers Ready",
+                    got["submit_to_ready"],
+                    "s",
+                    baseline="the bare client, same manifests",
+                    baseline_value=bare["submit_to_ready"],
+                ),
+                figure(f"control plane N={n}: last Ready -> master created", got["ready_to_master"], "s", at_most=0.2),
+                figure(
+                    f"control plane N={n}: teardown",
+                    got["teardown"],
+                    "s",
+                    baseline="the bare client's DELETEs (not waiting for the pods to go)",
+                    baseline_value=bare["teardown"],
+                ),
+            ]
+    finally:
+        double.stop()
+    figures.append(
+        figure(
+            f"control plane: operator process peak RSS (through N={sizes[-1]})",
+            rss,
+            "MB",
+            baseline="the same process before any job (imports)",
+            baseline_value=rss_before,
+            at_most=300,
+        )
+    )
+    return figures
+
+
+def kubernetes_logs(quick: bool) -> list[Figure]:
+    """4. The master's log through this project's path and KubernetesPodOperator's, same double."""
+    from k8s_double import Double
+    from kpo_logs import kpo_stream, ours, tally, with_drops
+
+    lines = 50_000 if quick else 200_000
+    drops, drop_lines = (3, 15_000) if quick else (20, 60_000)
+    figures = []
+    double = Double()
+    try:
+        mine, theirs = tally(ours(double, lines), lines), tally(kpo_stream(double, lines), lines)
+        figures.append(
+            figure(
+                f"k8s logs: {lines:,} lines into the task logger",
+                mine.lines_per_s,
+                "lines/s",
+                baseline="KubernetesPodOperator (PodManager.fetch_container_logs, follow=True)",
+                baseline_value=theirs.lines_per_s,
+                ratio_at_least=10,
+            )
+        )
+        for name, got in (("airflow-mpi", mine), ("KubernetesPodOperator", theirs)):
+            figures.append(figure(f"k8s logs, {name}: lines lost + duplicated", got.lost + got.duplicated, "lines"))
+        for offset in (0.0, 2.5, -2.5):
+            mine = with_drops(double, ours, drop_lines, drops, offset)
+            theirs = with_drops(double, kpo_stream, drop_lines, drops, offset)
+            where = f"{drops} dropped streams, node clock {offset:+.1f} s"
+            for what, value, other in (
+                ("duplicated", mine.duplicated, theirs.duplicated),
+                ("lost", mine.lost, theirs.lost),
+            ):
+                figures.append(
+                    figure(
+                        f"k8s logs, {where}: {what}",
+                        value,
+                        "lines",
+                        baseline="KubernetesPodOperator, same drops",
+                        baseline_value=other,
+                        at_most=0,
+                    )
+                )
+    finally:
+        double.stop()
+    return figures
+
+
+def deferred_jobs(quick: bool) -> list[Figure]:
+    """6. 100 deferred jobs (30 in the quick run) waiting in one triggerer process."""
+    from deferred import measure
+    from k8s_double import Double
+
+    jobs = 30 if quick else 100
+    double = Double()
+    try:
+        got = measure(double, jobs, quiet=2.0 if quick else 5.0)
+    finally:
+        double.stop()
+    poll_interval = 2.0  # KubernetesPodTrigger's default: one read of the pod per poll
+    return [
+        figure(
+            f"deferred: triggerer RSS with {jobs} jobs waiting",
+            got["rss_peak_mb"],
+            "MB",
+            baseline="the same process before any trigger (Airflow + clients imported)",
+            baseline_value=got["rss_before_mb"],
+            at_most=200,
+        ),
+        figure(
+            "deferred: API requests per job while waiting",
+            got["requests_per_job_waiting"],
+            "requests",
+            baseline=f"KubernetesPodTrigger polling every {poll_interval:.0f} s over the same wait (computed)",
+            baseline_value=got["waited_s"] / poll_interval,
+        ),
+        figure("deferred: API requests of all jobs in a quiet window", got["requests_in_quiet_window"], "requests"),
+        figure(f"deferred: triggerer start -> all {jobs} triggers watching", got["all_watching_s"], "s"),
+        figure("deferred: pod event -> trigger event p50", got["delay_p50_s"], "s"),
+        figure("deferred: pod event -> trigger event p99", got["delay_p99_s"], "s"),
+    ]
+
+
+# name -> (function, needs the machine lock, in the quick run)
+BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
+    "launch": (launch, True, True),
+    "scaling": (scaling, True, True),
+    "local_logs": (local_logs, True, True),
+    "control_plane": (control_plane, False, True),
+    "kubernetes_logs": (kubernetes_logs, False, True),
+    "deferred": (deferred_jobs, False, True),
+}
+
+
+def run_one(name: str, quick: bool) -> tuple[list[Figure], str | None]:
+    """Its figures, or the error that broke it (a broken benchmark, not a missed target)."""
+    function = BENCHMARKS[name][0]
+    started = time.perf_counter()
+    try:
+        figures = function(quick)
+        if not figures or all(f.value is None for f in figures):
+            raise RuntimeError("measured nothing")
+    except Exception as error:
+        traceback.print_exc()
+        return [], f"{name}: {type(error).__name__}: {error}"
+    print(f"# {name}: {len(figures)} figures in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return figures, None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the CI run: smaller sizes, under 2 minutes")
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), help="these benchmarks only")
+    parser.add_argument("--out", default=str(HERE / "results.json"))
+    parser.add_argument("--readme", help="rewrite this README's figures section from the results")
+    args = parser.parse_args()
+    logging.getLogger("airflow_mpi").setLevel(logging.WARNING)
+    names = args.only or [name for name, (_, _, in_quick) in BENCHMARKS.items() if in_quick or not args.quick]
+    started, load = time.time(), os.getloadavg()
+    figures: list[Figure] = []
+    broken: list[str] = []
+    locked = [name for name in names if BENCHMARKS[name][1]]
+    for group, lock in ((locked, machine_lock), ([n for n in names if n not in locked], contextlib.nullcontext)):
+        if not group:
+            continue
+        with lock():  # taken once for every local-backend benchmark: others wait on it
+            for name in group:
+                got, error = run_one(name, args.quick)
+                figures += got
+                if error:
+                    broken.append(error)
+    results = {
+        "meta": {
+            "mode": "bench-quick" if args.quick else "bench",
+            "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "cpus": os.cpu_count(),
+            "load_average": [round(x, 2) for x in load],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "seconds": round(time.time() - started, 1),
+            "benchmarks": names,
+            "broken": broken,
+        },
+        "figures": [f.to_json() for f in figures],
+    }
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(markdown_table(results["figures"]))
+    meta = results["meta"]
+    print(f"\nload average {meta['load_average']} at the start, {meta['load_average_end']} at the end")
+    if args.readme and not broken:  # the README's table shows a complete run only
+        readme = Path(args.readme)
+        readme.write_text(rewrite_readme(readme.read_text(), results))
+    for error in broken:
+        print(f"BROKEN: {error}", file=sys.stderr)
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
