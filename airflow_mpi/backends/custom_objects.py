@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from airflow_mpi.backends.k8s_errors import CONFLICT, NOT_FOUND, ApiRequest, api_status, translate
+from airflow_mpi.backends.k8s_errors import CONFLICT, NOT_FOUND, ApiRequest, api_status, deleted, translate
 from airflow_mpi.exceptions import BackendError
 
 # (group, version, plural, kind), as the builders declare them.
@@ -101,8 +101,8 @@ class CustomObjects:
         from kubernetes.client import V1DeleteOptions
 
         group, version, plural, _ = gvk
-        try:
-            self.send(
+        return deleted(
+            lambda: self.send(
                 lambda timeout: self.api.delete_namespaced_custom_object(
                     group,
                     version,
@@ -114,11 +114,7 @@ class CustomObjects:
                     _request_timeout=timeout,
                 ),
                 since,
-            )
-        except BackendError:
-            raise
-        except Exception as error:
-            if api_status(error) == NOT_FOUND:
-                return False
-            raise translate(error, ApiRequest("delete", plural, namespace, name), self.api_url) from error
-        return True
+            ),
+            ApiRequest("delete", plural, namespace, name),
+            self.api_url,
+        )

@@ -17,7 +17,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -301,3 +301,17 @@ class ApiSilence:
             f"the Kubernetes API at {self.api_url} {what}; the job's pods may still be running: check that "
             f"the cluster is up and the connection's server address (see {SETUP_DOC})"
         )
+
+
+def deleted(send: Callable[[], object], request: ApiRequest, api_url: str = "") -> bool:
+    """Run one DELETE (``send``): True when it deleted, False when the object was already gone;
+    any other refusal is translated (the product's own errors pass through)."""
+    try:
+        send()
+    except BackendError:
+        raise
+    except Exception as error:
+        if api_status(error) == NOT_FOUND:
+            return False
+        raise translate(error, request, api_url) from error
+    return True

@@ -40,6 +40,7 @@ from airflow_mpi.backends.k8s_errors import (
     ApiRequest,
     ApiSilence,
     api_status,
+    deleted,
     is_refusal,
     is_transient,
     retry_delay,
@@ -602,18 +603,14 @@ class KubernetesBackend:
 
         delete = self._api("delete", plural)
         body = V1DeleteOptions(propagation_policy=propagation) if propagation else None
-        try:
-            self._send(
+        return deleted(
+            lambda: self._send(
                 lambda timeout: delete(name, namespace, body=body, _preload_content=False, _request_timeout=timeout),
                 since,
-            )
-        except BackendError:
-            raise
-        except Exception as error:
-            if api_status(error) == NOT_FOUND:
-                return False
-            raise translate(error, ApiRequest("delete", plural, namespace, name), self.api_url) from error
-        return True
+            ),
+            ApiRequest("delete", plural, namespace, name),
+            self.api_url,
+        )
 
     def _delete_kueue_workload(self, job: _Job | None, job_name: str, namespace: str, since: float) -> None:
         """Kueue keeps a finalizer on the group's pods until its Workload (named after the group,
