@@ -50,8 +50,9 @@ class DoctorReport:
 def run_local_doctor(path: str | None = None, timeout: float = LOCAL_TIMEOUT) -> DoctorReport:
     """The checks on this machine, with the PATH local pods get (``path`` as ``LocalBackend``'s)."""
     runtime_dir = f"/run/airflow-mpi-doctor-{secrets.token_hex(4)}"
+    pod_path = LocalBackend(path=path).path
     env = {
-        "PATH": LocalBackend(path=path).path,
+        "PATH": pod_path,
         "HOME": os.environ.get("HOME", "/root"),
         "LANG": "C.UTF-8",
         **build_doctor_env(runtime_dir, _free_port()),
@@ -75,7 +76,7 @@ def run_local_doctor(path: str | None = None, timeout: float = LOCAL_TIMEOUT) ->
     finally:
         subprocess.run(["rm", "-rf", runtime_dir], check=False)
     lines = out.splitlines()
-    return DoctorReport("this machine", parse_doctor_output(lines), check_prerequisites(), lines)
+    return DoctorReport("this machine", parse_doctor_output(lines), check_prerequisites(pod_path), lines)
 
 
 def _free_port() -> int:

@@ -42,6 +42,7 @@ from airflow_mpi.status import PodPhase, PodState
 
 log = logging.getLogger(__name__)
 DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
+PRIVATE_ROOTS = ("/tmp",)  # every local pod mounts its own empty tmpfs here
 REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "ssh", "mpiexec", "bash")
 SSHD = "/usr/sbin/sshd"
 READ_CHUNK = 1 << 20
@@ -51,9 +52,25 @@ MASTER_LOG_MAX = 16 << 20
 MASTER_LOG_KEEP = 1 << 20
 
 
-def check_prerequisites() -> list[str]:
-    """What this machine lacks to run the local backend (empty when it can)."""
+def check_prerequisites(path: str | None = None, state_dir: Path | None = None) -> list[str]:
+    """What this machine lacks to run the local backend (empty when it can).
+
+    ``path`` is the PATH pods get (its first entry is the interpreter's directory) and
+    ``state_dir`` where job files live: neither may be under /tmp, which every pod gets as an
+    empty private tmpfs, so the ranks would not find Python or the launch script.
+    """
     problems = []
+    python_dir = (path or os.path.dirname(sys.executable)).split(os.pathsep)[0]
+    if _under(python_dir, PRIVATE_ROOTS):
+        problems.append(
+            f"a Python outside /tmp: this one ({python_dir}) is under /tmp, which every local pod gets as an"
+            " empty private tmpfs, so ranks cannot run it; install the virtualenv elsewhere (e.g. /var/tmp, /opt)"
+        )
+    if state_dir is not None and _under(str(state_dir), PRIVATE_ROOTS):
+        problems.append(
+            f"a state_dir outside /tmp: {state_dir} is hidden inside every local pod (private /tmp);"
+            " leave state_dir unset or pick e.g. /var/tmp/airflow-mpi"
+        )
     if os.geteuid() != 0:
         problems.append("root (network, PID and mount namespaces need it): run as root")
     for tool in REQUIRED_TOOLS:
@@ -104,7 +121,7 @@ class LocalBackend:
     # --- create ---------------------------------------------------------------------------
 
     def create(self, plan: JobPlan) -> None:
-        problems = check_prerequisites()
+        problems = check_prerequisites(self.path, self.state_dir)
         if problems:
             raise BackendUnavailable("the local backend cannot run here; missing: " + "; ".join(problems))
         self._check_supported(plan)
@@ -147,12 +164,21 @@ class LocalBackend:
                 )
             elif volume.host_path and not (Path(volume.host_path) / (volume.sub_path or "")).exists():
                 issues.append(SpecIssue(f"{path}.host_path", f"{volume.host_path} does not exist here", "create it"))
-            if volume.host_path and _under(volume.host_path, ("/tmp", plan.paths.runtime_dir, "/run/sshd")):
+            if volume.host_path and _under(volume.host_path, (*PRIVATE_ROOTS, plan.paths.runtime_dir, "/run/sshd")):
                 issues.append(
                     SpecIssue(
                         f"{path}.host_path",
                         "is under /tmp or /run/sshd, which every local pod gets privately",
                         "share data from another directory, e.g. /var/tmp/...",
+                    )
+                )
+        for index, argument in enumerate(plan.spec.command):
+            if argument.startswith("/") and _under(argument, PRIVATE_ROOTS) and Path(argument).exists():
+                issues.append(
+                    SpecIssue(
+                        f"command[{index}]",
+                        f"{argument} is under /tmp, which every local pod gets as an empty private tmpfs",
+                        "move the file elsewhere, e.g. /var/tmp/...",
                     )
                 )
         issues += _check_run_as(plan)

@@ -46,3 +46,27 @@ def test_a_volume_the_local_backend_cannot_mount_creates_nothing(backend: LocalB
         JobRunner(backend, plan, Log()).run()
     assert set(caught.value.fields) == {"pod.volumes[0]", "pod.volumes[1].host_path"}
     assert not (state_root / plan.job_name).exists() and ours() == []
+
+
+def test_a_script_under_tmp_is_refused_before_anything_is_created(backend: LocalBackend, state_root: Path) -> None:
+    """Every local pod gets an empty private /tmp: a script there would be 'not found' on every rank."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(dir="/tmp", suffix=".py") as script:
+        plan = make_plan(["python", script.name, "--data", "/tmp/not-a-file-check"])
+        with pytest.raises(SpecError) as caught:
+            JobRunner(backend, plan, Log()).run()
+    assert caught.value.fields == ("command[1]",)  # only paths that exist here are flagged
+    assert "move the file elsewhere, e.g. /var/tmp/" in str(caught.value)
+    assert not (state_root / plan.job_name).exists() and ours() == []
+
+
+def test_python_or_state_dir_under_tmp_is_named_as_a_missing_prerequisite() -> None:
+    from airflow_mpi.backends.local import check_prerequisites
+
+    assert not [p for p in check_prerequisites() if "/tmp" in p]  # this checkout's venv is fine
+    [python] = [p for p in check_prerequisites("/tmp/clone/.venv/bin:/usr/bin") if "/tmp" in p]
+    assert "/tmp/clone/.venv/bin" in python and "install the virtualenv elsewhere" in python
+    [state] = [p for p in check_prerequisites(state_dir=Path("/tmp/state")) if "/tmp" in p]
+    assert state.startswith("a state_dir outside /tmp: /tmp/state")
+    assert not [p for p in check_prerequisites("/tmpfoo/bin", Path("/var/tmp/s")) if "tmp" in p]
