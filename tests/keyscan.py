@@ -4,13 +4,18 @@ find any line of them (as text or base64, as a Secret holds it) in what the job 
 from __future__ import annotations
 
 import base64
+import json
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from airflow_mpi import plan as plan_module
+from airflow_mpi.cli import main
 from airflow_mpi.ssh import SshMaterial
 
 
@@ -75,3 +80,23 @@ def exception_texts(error: BaseException) -> list[tuple[str, str]]:
     if error.__cause__ is not None:
         parts += exception_texts(error.__cause__)
     return parts
+
+
+def execute(spec: dict[str, Any], mpi_conn_id: str = "mpi_default") -> dict[str, Any]:
+    """Run the operator's execute() as a worker would, with a unique run id (no DAG needed)."""
+    from airflow_mpi.operators.mpi import MPIJobOperator
+
+    operator = MPIJobOperator(task_id="train", job=spec, mpi_conn_id=mpi_conn_id)
+    ti = SimpleNamespace(dag_id="hygiene", task_id="train", run_id=f"r-{time.time_ns()}", map_index=0, try_number=1)
+    return operator.execute({"ti": ti})  # type: ignore[arg-type]
+
+
+def render_outputs(spec: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> list[tuple[str, str]]:
+    """What `airflow-mpi render` prints for the spec, as YAML and as JSON."""
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(spec))
+    texts = []
+    for extra in ([], ["--json"]):
+        assert main(["render", str(path), *extra]) == 0
+        texts.append((f"render {' '.join(extra)}", capfd.readouterr().out))
+    return texts

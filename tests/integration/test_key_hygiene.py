@@ -9,15 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from airflow_mpi.cli import main
-from tests.keyscan import exception_texts, log_texts, recording_keys
+from tests.keyscan import exception_texts, execute, log_texts, recording_keys, render_outputs
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -59,24 +56,6 @@ def job(name: str, command: list[str]) -> dict[str, Any]:
         "env": TRICKY_ENV,
         "startup_timeout": 60,
     }
-
-
-def execute(spec: dict[str, Any]) -> dict[str, Any]:
-    from airflow_mpi.operators.mpi import MPIJobOperator
-
-    operator = MPIJobOperator(task_id="train", job=spec)
-    ti = SimpleNamespace(dag_id="hygiene", task_id="train", run_id=f"r-{time.time_ns()}", map_index=0, try_number=1)
-    return operator.execute({"ti": ti})  # type: ignore[arg-type]
-
-
-def render_outputs(spec: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> list[tuple[str, str]]:
-    path = tmp_path / "job.json"
-    path.write_text(json.dumps(spec))
-    texts = []
-    for extra in ([], ["--json"]):
-        assert main(["render", str(path), *extra]) == 0
-        texts.append((f"render {' '.join(extra)}", capfd.readouterr().out))
-    return texts
 
 
 def test_a_job_leaks_no_key_has_private_key_files_and_gets_exact_argv(

@@ -7,20 +7,17 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from airflow_mpi.cli import main
 from airflow_mpi.contract import SSH_HOST_KEY, host_key_file
 from airflow_mpi.exceptions import JobFailed
 from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from tests.airflow_helpers import task_states, xcom
 from tests.k8s.conftest import Scripts, job_objects
-from tests.keyscan import exception_texts, log_texts, recording_keys
+from tests.keyscan import exception_texts, execute, log_texts, recording_keys, render_outputs
 
 pytestmark = pytest.mark.usefixtures("connections")
 
@@ -32,14 +29,6 @@ SPEC: dict[str, Any] = {
     "startup_timeout": 30,
 }
 RESULT_LINE = '[1,0]<stdout>:AIRFLOW_MPI_RESULT {"loss": 0.1}'
-
-
-def execute(spec: dict[str, Any]) -> dict[str, Any]:
-    from airflow_mpi.operators.mpi import MPIJobOperator
-
-    operator = MPIJobOperator(task_id="train", job=spec, mpi_conn_id="mpi_k8s")
-    ti = SimpleNamespace(dag_id="hygiene", task_id="train", run_id=f"r-{time.time_ns()}", map_index=0, try_number=1)
-    return operator.execute({"ti": ti})  # type: ignore[arg-type]
 
 
 def created_texts(double: KubeDouble) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
@@ -60,13 +49,8 @@ def test_keys_only_in_the_secret_and_each_pod_mounts_its_own_host_key(
     caplog.set_level(logging.DEBUG)
     scripts.on("-master-", PodScript(lines=lambda: iter(["[1,0]<stdout>:training", RESULT_LINE]), exit_code=0))
     with recording_keys(monkeypatch) as keys:
-        result = execute(SPEC)
-        texts = log_texts(capfd, caplog)
-        spec_file = tmp_path / "job.json"
-        spec_file.write_text(json.dumps(SPEC))
-        for extra in ([], ["--json"]):
-            assert main(["render", str(spec_file), *extra]) == 0
-            texts.append((f"render {extra}", capfd.readouterr().out))
+        result = execute(SPEC, "mpi_k8s")
+        texts = log_texts(capfd, caplog) + render_outputs(SPEC, tmp_path, capfd)
     others, secrets = created_texts(double)
     texts += [("XCom", json.dumps(result)), *others]
     assert result["result"] == {"loss": 0.1}
@@ -98,7 +82,7 @@ def test_a_failed_job_leaks_no_key(
     failing = ["[1,1]<stderr>:Traceback (most recent call last):", "[1,1]<stderr>:ValueError: bad batch"]
     scripts.on("-master-", PodScript(lines=lambda: iter(failing), exit_code=1))
     with recording_keys(monkeypatch) as keys, pytest.raises(JobFailed) as caught:
-        execute(SPEC)
+        execute(SPEC, "mpi_k8s")
     texts = log_texts(capfd, caplog) + exception_texts(caught.value) + created_texts(double)[0]
     assert keys.leaks(texts) == []
     assert "ValueError: bad batch" in str(caught.value)
