@@ -9,7 +9,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from airflow_mpi.backends.k8s_errors import CONFLICT, NOT_FOUND, ApiRequest, api_status, deleted, translate
+from airflow_mpi.backends.k8s_errors import (
+    CONFLICT,
+    NOT_FOUND,
+    ApiRequest,
+    api_status,
+    deleted,
+    read_or_none,
+    translate,
+)
 from airflow_mpi.exceptions import BackendError
 
 # (group, version, plural, kind), as the builders declare them.
@@ -56,20 +64,16 @@ class CustomObjects:
 
     def get(self, namespace: str, gvk: GVK, name: str, since: float | None = None) -> Obj | None:
         group, version, plural, _ = gvk
-        try:
-            response = self.send(
+        return read_or_none(
+            lambda: self.send(
                 lambda timeout: self.api.get_namespaced_custom_object(
                     group, version, namespace, plural, name, _preload_content=False, _request_timeout=timeout
                 ),
                 since,
-            )
-        except BackendError:
-            raise
-        except Exception as error:
-            if api_status(error) == NOT_FOUND:
-                return None
-            raise translate(error, ApiRequest("get", plural, namespace, name), self.api_url) from error
-        return dict(json.loads(response.data))
+            ),
+            ApiRequest("get", plural, namespace, name),
+            self.api_url,
+        )
 
     def list(self, namespace: str, gvk: GVK, selector: str, since: float | None = None) -> list[Obj]:
         group, version, plural, _ = gvk

@@ -315,3 +315,17 @@ def deleted(send: Callable[[], object], request: ApiRequest, api_url: str = "") 
             return False
         raise translate(error, request, api_url) from error
     return True
+
+
+def read_or_none(send: Callable[[], Any], request: ApiRequest, api_url: str = "") -> dict[str, Any] | None:
+    """Run one GET (``send``, an unparsed response): the object, or None when there is none;
+    any other refusal is translated (the product's own errors pass through)."""
+    try:
+        response = send()
+    except BackendError:
+        raise
+    except Exception as error:
+        if api_status(error) == NOT_FOUND:
+            return None
+        raise translate(error, request, api_url) from error
+    return dict(json.loads(response.data))

@@ -43,6 +43,7 @@ from airflow_mpi.backends.k8s_errors import (
     deleted,
     is_refusal,
     is_transient,
+    read_or_none,
     retry_delay,
     translate,
 )
@@ -326,17 +327,11 @@ class KubernetesBackend:
 
     def _read(self, namespace: str, plural: str, name: str) -> Obj | None:
         read = self._api("read", plural)
-        try:
-            response = self._send(
-                lambda timeout: read(name, namespace, _preload_content=False, _request_timeout=timeout)
-            )
-        except BackendError:
-            raise
-        except Exception as error:
-            if api_status(error) == NOT_FOUND:
-                return None
-            raise translate(error, ApiRequest("get", plural, namespace, name), self.api_url) from error
-        return dict(json.loads(response.data))
+        return read_or_none(
+            lambda: self._send(lambda timeout: read(name, namespace, _preload_content=False, _request_timeout=timeout)),
+            ApiRequest("get", plural, namespace, name),
+            self.api_url,
+        )
 
     def _delete_and_wait(self, namespace: str, name: str, existing: Obj | None, timeout: float = TEARDOWN_WAIT) -> None:
         from kubernetes.client import V1DeleteOptions
