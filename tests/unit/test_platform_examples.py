@@ -28,6 +28,8 @@ from airflow_mpi.cli import load_spec
 from airflow_mpi.manifests import render_manifests
 from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.testing.apivalidation import KINDS, decode_error, validate_object
+from airflow_mpi.volcano import render_volcano_manifests
+from tests.crds import assert_valid_custom_object
 from tests.helpers import IDENTITY, fixed_ssh
 from tests.unit.test_launch_script import dry_run, exact_argv
 
@@ -108,22 +110,29 @@ def pod_env(pod: dict[str, Any]) -> dict[str, str]:
 def master_argv(objects: list[dict[str, Any]], tmp_path: Path) -> tuple[list[str], list[str]]:
     """The master pod's launch script, dry run with its rendered env and ConfigMap files: the
     lines it prints and the exact argv it would exec (the test's directory standing for /etc/mpi)."""
-    config_map = next(o for o in objects if o["kind"] == "ConfigMap")
     master = objects[-1]
+    assert master["spec"]["containers"][0]["command"] == ["bash", contract.DEFAULT_PATHS.launch_script]
+    return dry_run_master(config_files(objects), pod_env(master), tmp_path)
+
+
+def config_files(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return dict(next(o for o in objects if o["kind"] == "ConfigMap")["data"])
+
+
+def dry_run_master(files: dict[str, str], pod_env: dict[str, str], tmp_path: Path) -> tuple[list[str], list[str]]:
     config = tmp_path / "etc-mpi"
     config.mkdir()
-    for name, text in config_map["data"].items():
+    for name, text in files.items():
         (config / name).write_text(text)
     env = {
         "PATH": "/usr/bin:/bin",
         "LD_LIBRARY_PATH": "/usr/local/lib",
-        **pod_env(master),
+        **pod_env,
         contract.ENV_CONFIG_DIR: str(config),
         contract.ENV_SSH_SECRET_DIR: str(tmp_path / "ssh"),
         contract.ENV_RUNTIME_DIR: str(tmp_path / "run"),
         contract.ENV_DRY_RUN: "1",
     }
-    assert master["spec"]["containers"][0]["command"] == ["bash", contract.DEFAULT_PATHS.launch_script]
     done = dry_run(config / "launch.sh", env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -214,10 +223,7 @@ def test_platform_launch_writes_the_platform_variables_into_every_pod() -> None:
     assert objects[0]["metadata"]["name"] == job  # the headless Service makes <pod>.<job> resolve
 
 
-def test_platform_launch_master_runs_the_documents_mpiexec(tmp_path: Path) -> None:
-    plan, objects = rendered("gj_launch.yaml")
-    lines, argv = master_argv(objects, tmp_path)
-    env = pod_env(objects[-1])
+def assert_platform_launch(plan: JobPlan, env: dict[str, str], lines: list[str], argv: list[str]) -> None:
     hosts, np = platform_hosts_and_np(env)
     # The script prints MPI_HOST, MPI_HOSTS and MPI_NP before it execs, as the document's does.
     assert lines[:3] == [f"MPI_HOST={env['MPI_HOST']}", f"MPI_HOSTS={hosts}", f"MPI_NP={np}"]
@@ -230,6 +236,30 @@ def test_platform_launch_master_runs_the_documents_mpiexec(tmp_path: Path) -> No
     added[("bind-to", "none")] = "leave CPU placement to Kubernetes"
     assert_same_options(document, argv, added)
     assert argv == list(plan.mpiexec_argv)  # the dry run and `airflow-mpi render` show the same line
+
+
+def test_platform_launch_master_runs_the_documents_mpiexec(tmp_path: Path) -> None:
+    plan, objects = rendered("gj_launch.yaml")
+    lines, argv = master_argv(objects, tmp_path)
+    assert_platform_launch(plan, pod_env(objects[-1]), lines, argv)
+
+
+def test_platform_launch_as_a_volcano_job_runs_the_same_mpiexec(tmp_path: Path) -> None:
+    """The platform runs on Volcano Jobs: rendered for the volcano backend, the spec is one valid
+    Volcano Job whose master, given the pod name Volcano gives it, execs the same command line."""
+    spec = load_spec(str(SPECS / "gj_launch.yaml"))
+    plan = render_plan(spec, IDENTITY, ssh=fixed_ssh(spec))
+    objects = render_volcano_manifests(plan, "training")
+    job = objects[0]
+    assert job["kind"] == "Job" and job["metadata"]["name"] == plan.job_name
+    assert_valid_custom_object(job)
+    assert_valid_objects(objects[1:])
+    master = next(task for task in job["spec"]["tasks"] if task["name"] == "master")["template"]
+    env = {e["name"]: e.get("value") for e in master["spec"]["containers"][0]["env"]}
+    # The downward API passes the pod's own name, which Volcano makes <job>-<task>-<index>.
+    env["GJ_TRAINING_POD_NAME"] = f"{plan.job_name}-master-0"
+    lines, argv = dry_run_master(config_files(objects), env, tmp_path)
+    assert_platform_launch(plan, env, lines, argv)
 
 
 # --- 2. the job-submission guide's 2 workers x 2 GPUs ---------------------------------------------
