@@ -28,6 +28,8 @@ from pathlib import Path
 
 # The file naming the newest complete checkpoint (DeepSpeed's own name: load_checkpoint reads it).
 LATEST = "latest"
+# Beside each epoch's files: how many ranks wrote them (a resume needs as many).
+WORLD_SIZE = "world_size"
 
 
 def parse_args() -> argparse.Namespace:
@@ -103,7 +105,7 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs} loss {mean.item() / world:.4f}", flush=True)
         saving = time.monotonic()
-        save(engine, checkpoints, epoch, args.keep_checkpoints, rank)
+        save(engine, checkpoints, epoch, args.keep_checkpoints, rank, world)
         checkpoint_seconds += time.monotonic() - saving
 
     # Full parameters on every rank (ZeRO-3 partitions them; a no-op for stages 0-2).
@@ -135,29 +137,37 @@ def main() -> None:
 def resume(engine: object, directory: Path, epochs: int, dist: object) -> int:
     """Load the newest complete checkpoint (weights, optimizer state, step count) on every rank;
     the epoch it ended, or 0 when there is none. Rank 0 reads which one and tells the others, so
-    all ranks load the same epoch."""
+    all ranks load the same epoch. ZeRO splits the optimizer state per rank: a checkpoint of
+    another world size is refused, naming it, rather than loaded wrong."""
     import torch
 
-    epoch = torch.tensor([newest_epoch(directory) if dist.get_rank() == 0 else 0])  # type: ignore[attr-defined]
-    dist.broadcast(epoch, src=0)  # type: ignore[attr-defined]
-    done = int(epoch.item())
+    rank, world = dist.get_rank(), dist.get_world_size()  # type: ignore[attr-defined]
+    choice = torch.tensor(newest_epoch(directory) if rank == 0 else (0, 0))
+    dist.broadcast(choice, src=0)  # type: ignore[attr-defined]
+    done, saved_world = (int(v) for v in choice.tolist())
+    if done and saved_world != world:
+        raise RuntimeError(
+            f"the newest checkpoint in {directory} was written by {saved_world} ranks, this run has {world}: "
+            f"run with {saved_world} ranks to resume it, or delete {directory} to start over"
+        )
     if done == 0:
         return 0
     path, _ = engine.load_checkpoint(str(directory), tag=epoch_tag(done))  # type: ignore[attr-defined]
     if path is None:
         raise RuntimeError(f"checkpoint {directory / epoch_tag(done)} could not be loaded; delete it to start over")
-    if dist.get_rank() == 0:  # type: ignore[attr-defined]
+    if rank == 0:
         print(f"resumed from checkpoint epoch {done} (of {epochs}) in {directory}", flush=True)
     return done
 
 
-def save(engine: object, directory: Path, epoch: int, keep: int, rank: int) -> None:
+def save(engine: object, directory: Path, epoch: int, keep: int, rank: int, world: int) -> None:
     """Every rank saves its part (DeepSpeed's rule: each holds its own optimizer shard). Only once
     all have (save_checkpoint ends in a barrier) does rank 0 name the epoch in ``latest``, by an
     atomic rename: a rank killed mid-save leaves the previous epoch the newest complete one."""
     engine.save_checkpoint(str(directory), tag=epoch_tag(epoch), save_latest=False)  # type: ignore[attr-defined]
     if rank != 0:
         return
+    (directory / epoch_tag(epoch) / WORLD_SIZE).write_text(str(world))
     staging = directory / f".{LATEST}.tmp"
     staging.write_text(epoch_tag(epoch))
     staging.replace(directory / LATEST)
@@ -174,13 +184,14 @@ def tag_epoch(path: Path) -> int:
     return int(text) if text.isdigit() else -1
 
 
-def newest_epoch(directory: Path) -> int:
-    """The epoch ``latest`` names, if its files are there; else 0."""
+def newest_epoch(directory: Path) -> tuple[int, int]:
+    """The epoch ``latest`` names and the world size that wrote it; (0, 0) when there is none."""
     try:
-        tag = (directory / LATEST).read_text().strip()
-    except FileNotFoundError:
-        return 0
-    return tag_epoch(directory / tag) if (directory / tag).is_dir() else 0
+        tag = directory / (directory / LATEST).read_text().strip()
+        epoch, world = tag_epoch(tag), int((tag / WORLD_SIZE).read_text())
+    except (FileNotFoundError, ValueError):
+        return 0, 0
+    return (epoch, world) if epoch > 0 else (0, 0)
 
 
 def min_over_ranks(value: int, dist: object) -> int:
