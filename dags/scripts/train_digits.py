@@ -5,6 +5,13 @@ MASTER_ADDR and MASTER_PORT: ``deepspeed.init_distributed`` then needs no MPI di
 plain torch.distributed code would work the same. DeepSpeed is a library here, never a launcher
 (``mpiexec ... deepspeed train.py`` would start a second launcher whose ranks clash with mpiexec's).
 
+Every epoch ends with a DeepSpeed checkpoint in ``<data>/checkpoints`` (every rank saves its
+part), and a start loads the newest complete one and goes on from the next epoch: a retry of the
+task after a lost worker resumes instead of starting over. The data directory is the run's own,
+so a retry finds its own run's checkpoints and never another run's. Each epoch's sample order
+depends only on the seed, the rank and the epoch, so a resumed run trains on what an unbroken one
+would have.
+
 Rank 0 writes ``model.pt`` to the data directory and prints its metrics on a line starting
 with ``AIRFLOW_MPI_RESULT`` (the operator returns them through XCom).
 """
@@ -14,9 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
+
+# The file naming the newest complete checkpoint (DeepSpeed's own name: load_checkpoint reads it).
+LATEST = "latest"
+# Beside each epoch's files: how many ranks wrote them (a resume needs as many).
+WORLD_SIZE = "world_size"
 
 
 def parse_args() -> argparse.Namespace:
@@ -28,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoints", help="checkpoint directory, shared by every rank (default: DATA/checkpoints)")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, help="how many of the newest epochs to keep")
     return parser.parse_args()
 
 
@@ -70,9 +85,13 @@ def main() -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     # Every rank takes the same number of steps, or the collectives would wait forever.
     steps = min_over_ranks(len(x) // args.micro_batch_size, dist)
-    generator = torch.Generator().manual_seed(args.seed + rank)
+    checkpoints = Path(args.checkpoints) if args.checkpoints else data / "checkpoints"
+    resumed = resume(engine, checkpoints, args.epochs, dist)
+    checkpoint_seconds = 0.0
 
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(resumed + 1, args.epochs + 1):
+        # The order depends on (seed, rank, epoch) only: a resumed run sees what an unbroken one would.
+        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 1009 + rank)
         order = torch.randperm(len(x), generator=generator)
         total = 0.0
         for step in range(steps):
@@ -85,6 +104,9 @@ def main() -> None:
         dist.all_reduce(mean)
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs} loss {mean.item() / world:.4f}", flush=True)
+        saving = time.monotonic()
+        save(engine, checkpoints, epoch, args.keep_checkpoints, rank, world)
+        checkpoint_seconds += time.monotonic() - saving
 
     # Full parameters on every rank (ZeRO-3 partitions them; a no-op for stages 0-2).
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
@@ -103,11 +125,73 @@ def main() -> None:
             "epochs": args.epochs,
             "zero_stage": args.zero_stage,
             "seconds": round(time.monotonic() - started, 2),
+            "resumed_from_epoch": resumed,
+            "checkpoint_seconds": round(checkpoint_seconds, 3),
             "model": str(data / "model.pt"),
         }
         print("AIRFLOW_MPI_RESULT " + json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def resume(engine: object, directory: Path, epochs: int, dist: object) -> int:
+    """Load the newest complete checkpoint (weights, optimizer state, step count) on every rank;
+    the epoch it ended, or 0 when there is none. Rank 0 reads which one and tells the others, so
+    all ranks load the same epoch. ZeRO splits the optimizer state per rank: a checkpoint of
+    another world size is refused, naming it, rather than loaded wrong."""
+    import torch
+
+    rank, world = dist.get_rank(), dist.get_world_size()  # type: ignore[attr-defined]
+    choice = torch.tensor(newest_epoch(directory) if rank == 0 else (0, 0))
+    dist.broadcast(choice, src=0)  # type: ignore[attr-defined]
+    done, saved_world = (int(v) for v in choice.tolist())
+    if done and saved_world != world:
+        raise RuntimeError(
+            f"the newest checkpoint in {directory} was written by {saved_world} ranks, this run has {world}: "
+            f"run with {saved_world} ranks to resume it, or delete {directory} to start over"
+        )
+    if done == 0:
+        return 0
+    path, _ = engine.load_checkpoint(str(directory), tag=epoch_tag(done))  # type: ignore[attr-defined]
+    if path is None:
+        raise RuntimeError(f"checkpoint {directory / epoch_tag(done)} could not be loaded; delete it to start over")
+    if rank == 0:
+        print(f"resumed from checkpoint epoch {done} (of {epochs}) in {directory}", flush=True)
+    return done
+
+
+def save(engine: object, directory: Path, epoch: int, keep: int, rank: int, world: int) -> None:
+    """Every rank saves its part (DeepSpeed's rule: each holds its own optimizer shard). Only once
+    all have (save_checkpoint ends in a barrier) does rank 0 name the epoch in ``latest``, by an
+    atomic rename: a rank killed mid-save leaves the previous epoch the newest complete one."""
+    engine.save_checkpoint(str(directory), tag=epoch_tag(epoch), save_latest=False)  # type: ignore[attr-defined]
+    if rank != 0:
+        return
+    (directory / epoch_tag(epoch) / WORLD_SIZE).write_text(str(world))
+    staging = directory / f".{LATEST}.tmp"
+    staging.write_text(epoch_tag(epoch))
+    staging.replace(directory / LATEST)
+    for old in sorted(directory.glob("epoch*"), key=tag_epoch)[: -max(keep, 1)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def epoch_tag(epoch: int) -> str:
+    return f"epoch{epoch}"
+
+
+def tag_epoch(path: Path) -> int:
+    text = path.name.removeprefix("epoch")
+    return int(text) if text.isdigit() else -1
+
+
+def newest_epoch(directory: Path) -> tuple[int, int]:
+    """The epoch ``latest`` names and the world size that wrote it; (0, 0) when there is none."""
+    try:
+        tag = directory / (directory / LATEST).read_text().strip()
+        epoch, world = tag_epoch(tag), int((tag / WORLD_SIZE).read_text())
+    except (FileNotFoundError, ValueError):
+        return 0, 0
+    return (epoch, world) if epoch > 0 else (0, 0)
 
 
 def min_over_ranks(value: int, dist: object) -> int:
