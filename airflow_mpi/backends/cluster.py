@@ -121,7 +121,10 @@ def check_access(backend: KubernetesBackend, namespace: str) -> tuple[bool, str]
     except Exception as error:
         body = getattr(error, "body", "") or ""
         if api_status(error) == NOT_FOUND and '"namespaces"' in str(body):
-            return False, explain(error, ApiRequest("get", "namespaces", namespace, namespace), url)
+            return False, (
+                f"namespace {namespace} does not exist (404 NotFound from the Kubernetes API at {url}): create it "
+                f"(kubectl create namespace {namespace}) or set the mpi connection's namespace to one that exists"
+            )
         unchecked = " (whether the namespace exists was not checked: reading it was refused)"
         return True, f"the Kubernetes API at {url} lists pods in namespace {namespace}{unchecked}"
     some = "pods" if listed else "no pods yet"
