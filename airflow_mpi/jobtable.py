@@ -115,7 +115,7 @@ def gc_verdict(row: JobRow, older_than_s: float) -> tuple[bool, str]:
     a pod failed), jobs without pods and jobs whose master never started go once older than
     ``older_than_s``; a running job stays: a retry of its task may reattach to it."""
     if row.age_s < older_than_s:
-        return False, f"younger than {format_age(older_than_s)}"
+        return False, f"younger than {format_duration(older_than_s)}"
     if row.phase == "Deleting":
         return False, "already being deleted"
     if row.phase in ("Succeeded", "Failed"):
@@ -147,6 +147,15 @@ def format_age(seconds: float) -> str:
     if seconds < 2 * 86400:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration in its largest whole unit, as ``--older-than`` takes it: 90s, 30m, 2h, 1d."""
+    whole = int(seconds)
+    for unit in ("d", "h", "m"):
+        if whole and whole % _UNIT_SECONDS[unit] == 0:
+            return f"{whole // _UNIT_SECONDS[unit]}{unit}"
+    return f"{whole}s"
 
 
 def parse_duration(text: str) -> float:

@@ -211,7 +211,7 @@ def test_gc_dry_run_says_what_and_why_and_deletes_nothing_then_yes_deletes(
     assert "exit code 3" in lines[bad.job_name]
     assert lines[stuck.job_name].startswith(f"would delete  {stuck.job_name}: no master pod yet (2 of 2 workers ready)")
     assert lines[live.job_name].startswith(f"keep          {live.job_name}: running: the master is running; a retry")
-    assert lines[young.job_name] == f"keep          {young.job_name}: younger than 60m"
+    assert lines[young.job_name] == f"keep          {young.job_name}: younger than 1h"
     assert out.splitlines()[-1] == "3 of 5 job(s) in namespace default would be deleted: run again with --yes"
     assert all(job_objects(double, p.job_name) for p in (ok, bad, live, young, stuck))  # a dry run
 
@@ -324,3 +324,35 @@ def test_an_airflow_connection_names_the_cluster_and_namespace(
     monkeypatch.setenv("AIRFLOW_CONN_MPI_LOCAL", json.dumps({"conn_type": "mpi", "extra": {"backend": "local"}}))
     assert main(["jobs", "--conn-id", "mpi_local"]) == 1
     assert "connection 'mpi_local' uses the local backend" in capsys.readouterr().err
+
+
+def test_run_on_kubernetes_runs_a_real_mpi_job(real_double: KubeDouble, tmp_path: Path) -> None:
+    """Pods run for real (sshd, mpiexec, mpi4py): run this test alone, under the machine lock."""
+    job = {
+        "name": "clireal",
+        "image": "registry.example/airflow-mpi-train:0.1",
+        "command": [
+            sys.executable,
+            "-c",
+            "from mpi4py import MPI; c = MPI.COMM_WORLD; print('rank', c.rank, 'of', c.size, 'sum', c.allreduce(1))",
+        ],
+        "workers": {"replicas": 2},
+        "startup_timeout": 60,
+        "timeout": 120,
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(real_double.kubeconfig()))
+    command = [sys.executable, "-m", "airflow_mpi.cli", "run", str(tmp_path / "job.yaml"), "--backend", "kubernetes"]
+    done = subprocess.run(
+        [*command, "--kubeconfig", str(tmp_path / "kubeconfig")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {f"rank {rank} of 3 sum 3" for rank in range(3)} <= {
+        line.split(">:", 1)[-1] for line in done.stdout.splitlines()
+    }
+    assert "airflow-mpi: done in" in done.stdout
+    assert job_objects(real_double) == []

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.jobtable import JobRow, format_age, gc_verdict, parse_duration, render_table, summarize_job
+from airflow_mpi.jobtable import (
+    JobRow,
+    format_age,
+    format_duration,
+    gc_verdict,
+    parse_duration,
+    render_table,
+    summarize_job,
+)
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
@@ -99,6 +107,7 @@ def test_table_columns_line_up() -> None:
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
+    assert parse_duration(format_duration(seconds)) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "soon", "5", "1w", "-1h", "1h 30x"])
