@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.exceptions import BackendUnavailable
 from airflow_mpi.jobtable import gc_verdict, parse_duration, render_table
+from airflow_mpi.podlog import PartialLine
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.spec.formats import CONTROL, is_dns1123_label
 
@@ -129,7 +130,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from airflow_mpi.backends.cluster import read_master_log
+    from airflow_mpi.backends.cluster import plain_line, read_master_log
 
     backend, namespace = cluster_backend(args)
     if not args.follow:
@@ -139,9 +140,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     try:
         for batch in backend.follow_master(args.job):
             for line in batch:
-                if not isinstance(line, str) or line.startswith("\r"):
-                    continue  # a line still being rewritten: its final state comes as a line
-                sys.stdout.write(line + "\n")
+                if isinstance(line, PartialLine):
+                    continue  # a line still being rewritten (a progress bar): its final state follows
+                sys.stdout.write(plain_line(line) + "\n")
             sys.stdout.flush()
     except KeyboardInterrupt:
         return 130  # the job is not this command's: it goes on

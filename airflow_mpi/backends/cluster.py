@@ -16,6 +16,7 @@ from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, e
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import BackendError, JobNotFound
 from airflow_mpi.jobtable import MANAGED_SELECTOR, JobRow, summarize_job
+from airflow_mpi.logstream import split_tag
 from airflow_mpi.naming import LABEL_JOB, build_pod_name, job_selector
 from airflow_mpi.podlog import PartialLine, RankLineSplitter
 from airflow_mpi.spec import Role
@@ -65,7 +66,13 @@ def read_master_log(backend: KubernetesBackend, job_name: str, namespace: str) -
         raise translate(error, request, backend.api_url) from error
     splitter = RankLineSplitter()
     lines = splitter.feed(response.data) + splitter.flush()
-    return [line.lstrip("\r") for line in lines if not isinstance(line, PartialLine)]
+    return [plain_line(line) for line in lines if not isinstance(line, PartialLine)]
+
+
+def plain_line(line: str) -> str:
+    """A line as a terminal should get it: a rewritten line's final state without its ``\r``."""
+    tag, text = split_tag(line)
+    return tag + text[1:] if text.startswith("\r") else line
 
 
 def delete_job(backend: KubernetesBackend, job_name: str, namespace: str, wait: float = DELETE_WAIT) -> list[str]:

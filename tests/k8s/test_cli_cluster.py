@@ -155,6 +155,27 @@ def test_logs_prints_the_masters_lines_and_follows_them_live(
     assert code == 0 and again == out
 
 
+def test_logs_show_a_rewritten_line_once_in_its_final_state(
+    cli: Callable[..., tuple[int, str, str]],
+    backend: KubernetesBackend,
+    double: KubeDouble,
+    scripts: Scripts,
+    cleanup: list[JobPlan],
+) -> None:
+    def bar() -> Iterator[str]:
+        for percent in (10, 50, 100):
+            time.sleep(0.1)
+            yield f"[1,0]<stdout>:bar {percent}%\r"
+        yield "\n[1,0]<stdout>:done\n"
+
+    plan = leave_job(backend, scripts, "bar", PodScript(writes=bar, exit_code=0))
+    cleanup.append(plan)
+    for follow in (["-f"], []):
+        code, out, _ = cli("logs", plan.job_name, *follow)
+        assert code == 0 and out.splitlines()[-2:] == ["[1,0]<stdout>:bar 100%", "[1,0]<stdout>:done"], out
+        assert "bar 10%" not in out and "\r" not in out
+
+
 def test_logs_and_delete_of_an_unknown_job_say_so(cli: Callable[..., tuple[int, str, str]]) -> None:
     for command in ("logs", "delete"):
         code, out, err = cli(command, "nosuch-0123abcd")
