@@ -3,6 +3,8 @@
 airflow-mpi render SPEC.yaml [--backend kubernetes|volcano] [--run-id ID] [--namespace NS] [--show-secrets] [--json]
 airflow-mpi validate SPEC.yaml
 airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
+airflow-mpi run SPEC.yaml --backend kubernetes [--kubeconfig F | --conn-id ID]  (on a cluster)
+airflow-mpi jobs | logs JOB [-f] | delete JOB | gc --older-than D [--yes]  (jobs on a cluster: cli_cluster)
 airflow-mpi doctor [--local | --image IMAGE] (can this machine, or this image, run a job's pods?)
 """
 
@@ -14,14 +16,18 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from airflow_mpi.cli_cluster import add_cluster_args, add_cluster_commands
 from airflow_mpi.exceptions import BackendError, JobFailed, MPIJobError, SpecError, SpecIssue
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.spec import MPIJobSpec, build_slot_plan
 from airflow_mpi.spec.formats import CONTROL, is_dns1123_label
+
+if TYPE_CHECKING:
+    from airflow_mpi.backends.base import Backend
 
 
 def load_spec(path: str) -> MPIJobSpec:
@@ -124,12 +130,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir)
+    backend = None
+    if args.backend == "kubernetes":
+        from airflow_mpi.cli_cluster import cluster_backend
+
+        backend, _ = cluster_backend(args)
+    return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir, backend=backend)
 
 
-def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | None = None) -> int:
-    """``airflow-mpi run``: the operator's flow on the local backend, output to stdout. Exits
-    with the job's own exit code (e.g. a rank's) when it has one."""
+def run_job_from_cli(
+    spec: MPIJobSpec, identity: RunIdentity, state_dir: str | None = None, backend: Backend | None = None
+) -> int:
+    """``airflow-mpi run``: the operator's flow on the local backend (or the one given), output
+    to stdout. Exits with the job's own exit code (e.g. a rank's) when it has one; Ctrl-C or
+    SIGTERM removes the job and everything it made."""
     import signal
 
     from airflow_mpi.backends.local import LocalBackend
@@ -137,7 +151,7 @@ def run_job_from_cli(spec: MPIJobSpec, identity: RunIdentity, state_dir: str | N
     from airflow_mpi.runner import JobRunner
 
     plan = render_plan(spec, identity)
-    backend = LocalBackend(state_dir=state_dir)
+    backend = backend if backend is not None else LocalBackend(state_dir=state_dir)
 
     def emit(text: str) -> None:
         sys.stdout.write(text + "\n")
@@ -269,9 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("spec")
     validate.set_defaults(func=cmd_validate)
 
-    run = commands.add_parser("run", help="run the job on the local backend, output streamed")
+    run = commands.add_parser("run", help="run the job (local backend, or --backend kubernetes), output streamed")
     add_spec_args(run)
     run.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
+    run.add_argument(
+        "--backend", choices=("local", "kubernetes"), default="local", help="where the job runs (default: local)"
+    )
+    add_cluster_args(run)  # --backend kubernetes: which cluster
     run.set_defaults(func=cmd_run)
 
     doctor = commands.add_parser(
@@ -291,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--clean", action="store_true", help="also remove local jobs left by dead owners")
     doctor.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
     doctor.set_defaults(func=cmd_doctor)
+    add_cluster_commands(commands)
     return parser
 
 

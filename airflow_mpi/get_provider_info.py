@@ -17,6 +17,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.operators.mpi"]}],
         "sensors": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.sensors.sshd"]}],
         "hooks": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.hooks.mpi"]}],
+        "extra-links": ["airflow_mpi.operators.links.MPIJobLink"],
         "triggers": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.triggers.mpi"]}],
         "integrations": [
             {
@@ -33,8 +34,8 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": {
                     "backend": {
                         "label": "Backend",
-                        "description": "'local' (namespaced processes on this machine) or 'kubernetes'",
-                        "schema": {"type": ["string", "null"], "enum": ["local", "kubernetes", None]},
+                        "description": "'local' (namespaced processes on this machine), 'kubernetes' or 'volcano'",
+                        "schema": {"type": ["string", "null"], "enum": ["local", "kubernetes", "volcano", None]},
                     },
                     "kubernetes_conn_id": {
                         "label": "Kubernetes connection id",
@@ -44,6 +45,18 @@ def get_provider_info() -> dict[str, Any]:
                     "namespace": {
                         "label": "Namespace",
                         "description": "Namespace for the job's objects (default: the Kubernetes connection's)",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "api_timeout": {
+                        "label": "API timeout (seconds)",
+                        "description": "Seconds the Kubernetes API may stay silent before a wait gives up (120)",
+                        "schema": {"type": ["number", "null"], "minimum": 1, "maximum": 86400},
+                    },
+                    "job_url_template": {
+                        "label": "Job link URL template",
+                        "description": "The task's 'MPI job' link, e.g. https://dash.example/{namespace}/{job}; "
+                        "fields: "
+                        "{namespace}, {job}, {dag_id}, {task_id}, {run_id}, {try_number}",
                         "schema": {"type": ["string", "null"]},
                     },
                     "state_dir": {

@@ -2,7 +2,8 @@
 
 Connection extras: ``backend`` (``local``, ``kubernetes`` or ``volcano``), ``kubernetes_conn_id``,
 ``namespace``, ``api_timeout`` (seconds the Kubernetes API may stay silent before a wait gives
-up), ``state_dir``. With no connection configured, the local backend is used, so the
+up), ``state_dir``, ``job_url_template`` (the task's "MPI job" link, e.g. a dashboard URL with
+``{namespace}`` and ``{job}``). With no connection configured, the local backend is used, so the
 example DAG runs as it is on one machine.
 """
 
@@ -15,6 +16,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
 
 from airflow_mpi.backends.base import Backend
 from airflow_mpi.exceptions import BackendUnavailable
+from airflow_mpi.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
 
 BACKENDS = ("local", "kubernetes", "volcano")
 
@@ -40,7 +42,16 @@ class MPIJobHook(BaseHook):
                 raise
             self.log.info("No connection %r: using the local backend", self.mpi_conn_id)
             return {}
-        return dict(connection.extra_dejson or {})
+        extras = dict(connection.extra_dejson or {})
+        problem = check_url_template(extras.get(URL_TEMPLATE_EXTRA))
+        if problem:
+            raise BackendUnavailable(f"connection {self.mpi_conn_id!r}: extra {URL_TEMPLATE_EXTRA!r} {problem}")
+        return extras
+
+    def job_url(self, fields: dict[str, object]) -> str:
+        """The job's link from the ``job_url_template`` extra ("" when the connection has none)."""
+        template = self.connection_extras().get(URL_TEMPLATE_EXTRA)
+        return render_job_url(template, fields) if template else ""
 
     def get_backend(self) -> Backend:
         extras = self.connection_extras()
@@ -89,13 +100,28 @@ class MPIJobHook(BaseHook):
         return self.get_backend()
 
     def test_connection(self) -> tuple[bool, str]:
+        """``airflow connections test``: local: the doctor's checks of this machine; Kubernetes:
+        a real request listing pods in the namespace, saying what failed (unreachable, 401, 403
+        with the verb and resource, a namespace that does not exist)."""
         try:
             backend = self.get_backend()
+            if backend.name == "local":
+                return self._test_local()
+            from airflow_mpi.backends.cluster import check_access
+            from airflow_mpi.backends.kubernetes import KubernetesBackend
+            from airflow_mpi.spec import MPIJobSpec
+
+            if not isinstance(backend, KubernetesBackend):
+                return True, f"{backend.name} backend configured"
+            return check_access(backend, backend.namespace_for(MPIJobSpec(name="check", command=("true",))))
         except Exception as error:
             return False, str(error)
-        if backend.name == "local":
-            from airflow_mpi.backends.local import check_prerequisites
 
-            problems = check_prerequisites()
-            return (not problems, "local backend ready" if not problems else "missing: " + "; ".join(problems))
-        return True, f"{backend.name} backend configured"
+    def _test_local(self) -> tuple[bool, str]:
+        from airflow_mpi.doctor import run_local_doctor
+
+        report = run_local_doctor()
+        if report.ok:
+            return True, f"local backend ready: {len(report.results)} checks passed on this machine"
+        failed = [*report.missing, *(f"{r.check}: {r.detail}" for r in report.results if r.failed)]
+        return False, "local backend not ready: " + "; ".join(failed)

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend
+from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend, ReattachableBackend
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
+from airflow_mpi.joblink import LINK_XCOM_KEY
 from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import render_plan
+from airflow_mpi.operators.links import MPIJobLink
+from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.runner import JobRunner, resume_or_clean
 from airflow_mpi.spec import MPIJobSpec
 
@@ -54,6 +56,7 @@ class MPIJobOperator(BaseOperator):
     template_fields: Sequence[str] = ("job", "mpi_conn_id")
     template_fields_renderers = {"job": "json"}
     ui_color = "#e8d4f0"
+    operator_extra_links = (MPIJobLink(),)
 
     def __init__(
         self,
@@ -113,6 +116,7 @@ class MPIJobOperator(BaseOperator):
         if adopted is not None:
             self.log.info("reattached to %s, left running by an earlier try", adopted.job_name)
             plan = adopted
+        self._push_job_ref(context, plan, backend)
         runner = self._runner = JobRunner(
             backend,
             plan,
@@ -206,6 +210,15 @@ class MPIJobOperator(BaseOperator):
         runner.teardown()
         progress.clear()
         return result.to_dict()
+
+    def _push_job_ref(self, context: Context, plan: JobPlan, backend: Backend) -> None:
+        """The job's name and namespace (never keys), for the task's "MPI job" link. The link is a
+        convenience: a task instance that cannot push XCom still runs its job."""
+        namespace = backend.namespace_for(plan.spec) if isinstance(backend, ReattachableBackend) else backend.name
+        try:
+            context["ti"].xcom_push(key=LINK_XCOM_KEY, value={"job": plan.job_name, "namespace": namespace})
+        except Exception as error:
+            self.log.warning("no 'MPI job' link for %s: %s", plan.job_name, error)
 
     def _emit(self, text: str) -> None:
         self.log.info("%s", text)

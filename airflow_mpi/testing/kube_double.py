@@ -34,7 +34,7 @@ this machine's), and the scripted kubelet's per-pod faults (image pull error, un
 evicted, OOMKilled, exit codes). The API server's own refusals and outages, with the bodies a
 real one sends: ``deny`` (RBAC: 403 for a verb on a resource), ``expire_credentials`` (401),
 namespaces (``delete_namespace``: creating in a namespace that does not exist is 404, listing
-there lists nothing), ``hang`` (accept requests, never answer, streams go silent) and
+there lists nothing, reading it is 404), ``hang`` (accept requests, never answer, streams go silent) and
 ``refuse_connections`` (nothing listens on the port: connection refused).
 """
 
@@ -864,6 +864,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # as Go's net/http: no 40 ms Nagle/delayed-ACK stalls on streams
     ROUTE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
+    NAMESPACE_ROUTE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)$")
     CUSTOM_ROUTE = re.compile(
         r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?$"
     )
@@ -935,6 +936,10 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path.startswith("/_double/"):
             self._control(method, url.path)
             return
+        namespace_path = self.NAMESPACE_ROUTE.match(url.path)
+        if namespace_path is not None and method == "GET":
+            self._namespace(namespace_path["ns"])
+            return
         match = self.ROUTE.match(url.path)
         custom = self.CUSTOM_ROUTE.match(url.path)
         if custom and f"{custom['plural']}.{custom['group']}" in double.custom_kinds:
@@ -983,6 +988,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(error.code, status_body(error.code, error.reason, error.message, error.details))
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _namespace(self, name: str) -> None:
+        """GET one namespace: the object, or the 404 a real API server sends for a missing one."""
+        with self.double._lock:
+            exists = name in self.double.namespaces
+        if not exists:
+            details = {"name": name, "kind": "namespaces"}
+            self._send_json(404, status_body(404, "NotFound", f'namespaces "{name}" not found', details))
+            return
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}}
+        self._send_json(200, body)
 
     def _control(self, method: str, path: str) -> None:
         """Knobs and counters for a double running in another process (benchmarks)."""

@@ -1,0 +1,257 @@
+"""``airflow-mpi`` commands for jobs on a Kubernetes cluster, outside Airflow.
+
+airflow-mpi jobs [--json]                       the jobs in a namespace: identity, phase, age, pods ready
+airflow-mpi logs JOB [-f]                       the master's log (-f: follow it live)
+airflow-mpi delete JOB                          delete a job and wait until nothing of it is left
+airflow-mpi gc --older-than DURATION [--yes]    remove finished or abandoned jobs (dry run by default)
+airflow-mpi run SPEC --backend kubernetes       (in ``cli``) submit, stream, exit with the job's code
+
+Each takes the cluster as kubectl does (``--kubeconfig``, ``--context``, ``--namespace``) or as
+Airflow does (``--conn-id``: an ``mpi`` or a Kubernetes connection, read through Airflow's
+connection machinery), and uses the Kubernetes backend's own requests and error messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from airflow_mpi.exceptions import BackendUnavailable
+from airflow_mpi.jobtable import gc_verdict, parse_duration, render_table
+from airflow_mpi.podlog import PartialLine
+from airflow_mpi.spec import MPIJobSpec
+from airflow_mpi.spec.formats import CONTROL, is_dns1123_label
+
+if TYPE_CHECKING:  # imported when a command runs: `render` and `validate` need no Kubernetes client
+    from airflow_mpi.backends.kubernetes import KubernetesBackend
+
+CLI_API_TIMEOUT = 30.0  # seconds the API may stay silent before a command gives up
+
+
+def add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    """Which cluster, and where in it: kubectl's flags, or an Airflow connection."""
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("--context", default=None, help="kubeconfig context (default: its current context)")
+    parser.add_argument(
+        "--conn-id", default=None, type=_conn_id_arg, help="Airflow connection (type mpi or kubernetes) instead"
+    )
+    parser.add_argument(
+        "--namespace", default=None, type=_namespace_arg, help="namespace (default: the context's or connection's)"
+    )
+    parser.add_argument(
+        "--api-timeout",
+        type=_seconds_arg,
+        default=CLI_API_TIMEOUT,
+        help=f"seconds the API may stay silent before giving up (default {CLI_API_TIMEOUT:.0f})",
+    )
+
+
+def cluster_backend(args: argparse.Namespace) -> tuple[KubernetesBackend, str]:
+    """The backend for the cluster the arguments name, and the namespace to work in."""
+    if args.conn_id:
+        if args.kubeconfig or args.context:
+            raise BackendUnavailable("give either --conn-id or --kubeconfig/--context, not both")
+        backend = _backend_from_connection(args.conn_id, args.namespace, args.api_timeout)
+    else:
+        backend = _backend_from_kubeconfig(args.kubeconfig, args.context, args.namespace, args.api_timeout)
+    return backend, backend.namespace_for(MPIJobSpec(name="cli", command=("true",)))
+
+
+def _backend_from_kubeconfig(
+    path: str | None, context: str | None, namespace: str | None, api_timeout: float
+) -> KubernetesBackend:
+    from kubernetes import client, config
+
+    from airflow_mpi.backends.kubernetes import KubernetesBackend, configure_client
+
+    path = path or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+    if not os.path.isfile(path):
+        raise BackendUnavailable(
+            f"no kubeconfig at {path}: give --kubeconfig PATH (or set KUBECONFIG), or --conn-id with an Airflow "
+            "connection to the cluster"
+        )
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(path, context=context, client_configuration=configuration, persist_config=False)
+        contexts, current = config.list_kube_config_contexts(path)
+    except (config.ConfigException, ValueError, TypeError, KeyError) as error:
+        raise BackendUnavailable(f"kubeconfig {path}: {error}; check the file and --context") from None
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    namespace = namespace or ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    api_client = client.ApiClient(configure_client(configuration))
+    return KubernetesBackend(api_client=api_client, namespace=namespace, api_timeout=api_timeout)
+
+
+def _backend_from_connection(conn_id: str, namespace: str | None, api_timeout: float) -> KubernetesBackend:
+    from airflow_mpi.backends.kubernetes import KubernetesBackend
+
+    try:
+        from airflow_mpi.hooks.mpi import MPIJobHook
+    except ImportError as error:
+        raise BackendUnavailable(f"--conn-id needs Airflow ({error}); use --kubeconfig instead") from None
+    hook = MPIJobHook(conn_id)
+    try:
+        connection = hook.get_connection(conn_id)
+    except Exception as error:
+        raise BackendUnavailable(f"cannot read Airflow connection {conn_id!r}: {error}") from None
+    if connection.conn_type != "mpi":  # a Kubernetes connection itself
+        return KubernetesBackend(kubernetes_conn_id=conn_id, namespace=namespace, api_timeout=api_timeout)
+    extras = hook.connection_extras()
+    if (extras.get("backend") or "local") != "kubernetes":
+        raise BackendUnavailable(
+            f"connection {conn_id!r} uses the {extras.get('backend') or 'local'} backend: the cluster commands need "
+            "one whose extra 'backend' is 'kubernetes', or a Kubernetes connection"
+        )
+    return KubernetesBackend(
+        kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
+        namespace=namespace or extras.get("namespace"),
+        api_timeout=api_timeout,
+    )
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from airflow_mpi.backends.cluster import list_jobs
+
+    backend, namespace = cluster_backend(args)
+    rows = list_jobs(backend, namespace)
+    if args.json:
+        fields = ("name", "dag_id", "task_id", "run_id", "try_number", "phase", "ready", "age_s", "why")
+        json.dump([{f: getattr(row, f) for f in fields} for row in rows], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not rows:
+        print(f"no airflow-mpi jobs in namespace {namespace}")
+    else:
+        print("\n".join(render_table(rows)))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from airflow_mpi.backends.cluster import plain_line, read_master_log
+
+    backend, namespace = cluster_backend(args)
+    if not args.follow:
+        for line in read_master_log(backend, args.job, namespace):
+            print(line)
+        return 0
+    try:
+        for batch in backend.follow_master(args.job):
+            for line in batch:
+                if isinstance(line, PartialLine):
+                    continue  # a line still being rewritten (a progress bar): its final state follows
+                sys.stdout.write(plain_line(line) + "\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 130  # the job is not this command's: it goes on
+    finally:
+        backend.release(args.job)
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from airflow_mpi.backends.cluster import delete_job
+
+    backend, namespace = cluster_backend(args)
+    left = delete_job(backend, args.job, namespace)
+    if left:
+        print(f"airflow-mpi: job {args.job} is still there: {', '.join(left)}", file=sys.stderr)
+        return 1
+    print(f"deleted job {args.job} in namespace {namespace} (nothing of it is left)")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from airflow_mpi.backends.cluster import delete_job, list_jobs
+
+    backend, namespace = cluster_backend(args)
+    chosen, failed = 0, 0
+    rows = list_jobs(backend, namespace)
+    for row in rows:
+        remove, why = gc_verdict(row, args.older_than)
+        if not remove:
+            print(f"keep          {row.name}: {why}")
+            continue
+        chosen += 1
+        if not args.yes:
+            print(f"would delete  {row.name}: {why}")
+            continue
+        left = delete_job(backend, row.name, namespace)
+        failed += bool(left)
+        print(f"{'NOT deleted' if left else 'deleted':<13} {row.name}: {why}{f' (left: {left})' if left else ''}")
+    if args.yes:
+        print(f"{chosen - failed} of {len(rows)} job(s) in namespace {namespace} deleted")
+    else:
+        print(f"{chosen} of {len(rows)} job(s) in namespace {namespace} would be deleted: run again with --yes")
+    return 1 if failed else 0
+
+
+def add_cluster_commands(commands: Any) -> None:
+    """``jobs``, ``logs``, ``delete`` and ``gc`` on the ``airflow-mpi`` parser's subcommands."""
+    jobs = commands.add_parser("jobs", help="list the jobs in a namespace (Kubernetes)")
+    add_cluster_args(jobs)
+    jobs.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    jobs.set_defaults(func=cmd_jobs)
+
+    logs = commands.add_parser("logs", help="print a job's master log (Kubernetes)")
+    logs.add_argument("job", type=_job_arg, help="job name, as `airflow-mpi jobs` lists it")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow the log until the master ends")
+    add_cluster_args(logs)
+    logs.set_defaults(func=cmd_logs)
+
+    delete = commands.add_parser("delete", help="delete a job and wait until it is gone (Kubernetes)")
+    delete.add_argument("job", type=_job_arg, help="job name, as `airflow-mpi jobs` lists it")
+    add_cluster_args(delete)
+    delete.set_defaults(func=cmd_delete)
+
+    gc = commands.add_parser("gc", help="remove finished or abandoned jobs (Kubernetes; dry run by default)")
+    gc.add_argument(
+        "--older-than", required=True, type=_duration_arg, help="only jobs older than this (e.g. 30m, 2h, 1d)"
+    )
+    gc.add_argument("--yes", action="store_true", help="delete them (default: only print what would go and why)")
+    add_cluster_args(gc)
+    gc.set_defaults(func=cmd_gc)
+
+
+def _checked(check: Callable[[str], bool], what: str, example: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not check(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: {example}")
+        return text
+
+    return parse
+
+
+_job_arg = _checked(
+    is_dns1123_label, "a job name", "use the NAME column of `airflow-mpi jobs` (lowercase letters, digits, '-')"
+)
+_namespace_arg = _checked(
+    is_dns1123_label, "a namespace name", "use at most 63 lowercase letters, digits and '-', e.g. ml-training"
+)
+_conn_id_arg = _checked(
+    lambda text: bool(text.strip()) and not CONTROL.search(text) and len(text) <= 250,
+    "a connection id",
+    "give the id of an Airflow connection, e.g. mpi_k8s",
+)
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return seconds
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 1 <= seconds <= 86400:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds from 1 to 86400 (default {CLI_API_TIMEOUT:.0f})"
+        )
+    return seconds
