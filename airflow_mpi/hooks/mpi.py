@@ -1,6 +1,6 @@
 """MPIJobHook: an Airflow connection (type ``mpi``) -> the backend that runs the job.
 
-Connection extras: ``backend`` (``local``, ``kubernetes`` or ``volcano``), ``kubernetes_conn_id``,
+Connection extras: ``backend`` (``local``, ``kubernetes``, ``volcano`` or ``mpijob``), ``kubernetes_conn_id``,
 ``namespace``, ``api_timeout`` (seconds the Kubernetes API may stay silent before a wait gives
 up), ``state_dir``. With no connection configured, the local backend is used, so the
 example DAG runs as it is on one machine.
@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
 from airflow_mpi.backends.base import Backend
 from airflow_mpi.exceptions import BackendUnavailable
 
-BACKENDS = ("local", "kubernetes", "volcano")
+BACKENDS = ("local", "kubernetes", "volcano", "mpijob")
 
 
 class MPIJobHook(BaseHook):
@@ -54,6 +54,15 @@ class MPIJobHook(BaseHook):
             from airflow_mpi.backends.volcano import VolcanoBackend
 
             return VolcanoBackend(
+                kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
+                namespace=extras.get("namespace"),
+                api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
+            )
+        if kind == "mpijob":
+            from airflow_mpi.backends.k8s_errors import API_TIMEOUT
+            from airflow_mpi.backends.mpijob import MPIJobBackend
+
+            return MPIJobBackend(
                 kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
                 namespace=extras.get("namespace"),
                 api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
