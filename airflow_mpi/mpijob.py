@@ -209,8 +209,8 @@ def _template(plan: JobPlan, first: PodPlan, namespace: str) -> Manifest:
     if first.role is Role.WORKER:
         labels.pop(LABEL_INDEX, None)
     pod_spec = pod["spec"]
-    pod_spec.pop("hostname", None)
-    pod_spec.pop("subdomain", None)
+    for field in ("hostname", "subdomain", "restartPolicy"):  # the controller sets them (restartPolicy
+        pod_spec.pop(field, None)  # from the replica spec, with a warning event if the template has one)
     for volume in pod_spec["volumes"]:
         if volume["name"] == VOLUME_CONFIG:
             volume["configMap"]["name"] = mpijob_config_map_name(plan.job_name)

@@ -130,7 +130,7 @@ def test_our_secret_and_config_map_have_names_and_paths_the_controller_never_use
         volumes = {v["name"]: v for v in pod_spec["volumes"]}
         assert volumes["mpi-config"]["configMap"]["name"] == mpijob_config_map_name(job)
         assert volumes["mpi-ssh"]["secret"]["secretName"] == mpijob_secret_name(job)
-        assert "hostname" not in pod_spec and "subdomain" not in pod_spec  # the controller sets them
+        assert not {"hostname", "subdomain", "restartPolicy"} & set(pod_spec)  # the controller sets them
     assert mpijob["spec"]["sshAuthMountPath"] == OPERATOR_SSH_MOUNT
 
 
