@@ -22,6 +22,7 @@ from airflow_mpi.runner import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from airflow_mpi.testing.mpijob_controller import MPIJobController
+from tests.airflow_helpers import task_states, xcom
 from tests.k8s.conftest import Scripts, api_client_for, install_connections, unique
 from tests.k8s.test_gang import _crd_validator
 
@@ -270,4 +271,21 @@ def test_a_retry_after_the_worker_died_reattaches_to_the_running_mpijob(
     result = operator.execute({"ti": ti})  # type: ignore[arg-type]
     assert result["job_name"] == plan.job_name and result["result"] == {"steps": 40}
     assert kube.request_count("POST", "/mpijobs") == 1  # reattached: no second MPIJob
+    assert left(kube) == []
+
+
+def test_jobs_succeed_through_airflow_waiting_and_deferred_in_host_and_hostfile_mode(
+    dagbag: Any, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
+) -> None:
+    kube, _ = cluster
+    scripts.on(LAUNCHER, hello('[1,0]<stdout>:AIRFLOW_MPI_RESULT {"ok": true}'))
+    dag_run = dagbag.get_dag("mpi_test_mpijob").test()
+    states = task_states(dag_run)
+    assert states == dict.fromkeys(
+        ("host_waiting", "hostfile_waiting", "host_deferred", "hostfile_deferred"), "success"
+    )
+    for task_id in states:
+        result = xcom(dag_run, task_id)
+        assert result["exit_code"] == 0 and result["result"] == {"ok": True}, (task_id, result)
+    assert kube.request_count("POST", "/mpijobs") == 4
     assert left(kube) == []
