@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.backends.k8s_errors import ApiRequest, translate
-from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend, _Job
+from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend, Obj, _AlreadyExists, _Job
 from airflow_mpi.exceptions import BackendError, LaunchError
 from airflow_mpi.gang import describe_group_wait
 from airflow_mpi.mpijob import (
@@ -58,24 +58,51 @@ class MPIJobBackend(KubernetesBackend):
         return render_mpijob_plan(spec, identity)
 
     def create(self, plan: JobPlan) -> None:
+        """Our Secret and ConfigMap first (the controller starts the pods at once, and a pod must
+        find its volumes), then the MPIJob, then the MPIJob made their owner."""
         namespace = self.namespace_for(plan.spec)
         mpijob, secret, config_map = render_mpijob_manifests(plan, namespace)
         if self.custom.get(namespace, MPIJOB, plan.job_name) is not None:
             # An earlier attempt of this very try: start clean (its pods may be half-way).
             self._delete_mpijob(namespace, plan.job_name)
-        created = self.custom.create(namespace, MPIJOB, mpijob)
-        self._created_at[plan.job_name] = time.monotonic()
-        owner = render_mpijob_owner_reference(plan, created["metadata"]["uid"])
-        job = self._watch(plan, namespace, created["metadata"]["resourceVersion"])
-        job.roles[plan.master.name] = Role.MASTER  # the controller creates it with the workers
+        ours: list[tuple[str, Obj]] = []
         try:
             for obj, plural in ((secret, "secrets"), (config_map, "configmaps")):
+                obj["metadata"].pop("ownerReferences", None)
+                ours.append((plural, self._create_fresh(namespace, plural, obj)))
+            created = self.custom.create(namespace, MPIJOB, mpijob)
+            self._created_at[plan.job_name] = time.monotonic()
+            job = self._watch(plan, namespace, created["metadata"]["resourceVersion"])
+            job.roles[plan.master.name] = Role.MASTER  # the controller creates it with the workers
+            owner = render_mpijob_owner_reference(plan, created["metadata"]["uid"])
+            for plural, obj in ours:
                 obj["metadata"]["ownerReferences"] = [owner]
-                self._create(namespace, plural, obj)
+                self._replace(namespace, plural, obj)
         except BaseException:
             with contextlib.suppress(Exception):  # the create's own error is the one to raise
                 self.teardown(plan.job_name, namespace)
+            for plural, obj in ours:  # not owned yet, or the collector is slow: now
+                with contextlib.suppress(Exception):
+                    self._delete(namespace, plural, obj["metadata"]["name"], time.monotonic())
             raise
+
+    def _create_fresh(self, namespace: str, plural: str, manifest: Obj) -> Obj:
+        """Create; one left by an attempt that died before its MPIJob existed is replaced."""
+        try:
+            return self._create(namespace, plural, manifest)
+        except _AlreadyExists:
+            self._delete(namespace, plural, manifest["metadata"]["name"], time.monotonic())
+            return self._create(namespace, plural, manifest)
+
+    def _replace(self, namespace: str, plural: str, obj: Obj) -> None:
+        replace = self._api("replace", plural)
+        name = obj["metadata"]["name"]
+        try:
+            self._send(lambda timeout: replace(name, namespace, obj, _preload_content=False, _request_timeout=timeout))
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("update", plural, namespace, name), self.api_url) from error
 
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         return True

@@ -85,10 +85,9 @@ def test_a_job_succeeds_and_nothing_is_left(
     assert result.exit_code == 0 and result.result == {"loss": 0.1}
     assert any("hello" in line for line in log)
     assert kube.request_count("POST", "/mpijobs") == 1
-    # The controller made the launcher Job, the Service and its own objects, without a warning,
-    # and removed the workers once the launcher succeeded (cleanPodPolicy: Running).
+    # The controller made the launcher Job, the Service and its own objects, without a warning.
     job = plan.job_name
-    for done in (f"create jobs.batch/{job}-launcher", f"create secrets/{job}-ssh", f"delete pods/{job}-worker-1"):
+    for done in (f"create jobs.batch/{job}-launcher", f"create secrets/{job}-ssh", f"create services/{job}"):
         assert f"{job}: {done}" in controller.log, "\n".join(controller.log)
     assert not [line for line in controller.log if "Warning" in line], controller.log
     assert left(kube) == []
@@ -170,6 +169,14 @@ def test_a_suspended_mpijob_is_queued_until_resumed(
     time.sleep(0.5)
     assert kube.list_objects("pods", NS) == []
     assert "suspended in queue 'training'" in (backend.queue_status(plan.job_name) or "")
+    # Ours, created before the MPIJob (its pods must find them), are owned by it now.
+    uid = kube.list_objects("mpijobs.kubeflow.org", NS)[0]["metadata"]["uid"]
+    for plural, name in (
+        ("secrets", f"{plan.job_name}-airflow-ssh"),
+        ("configmaps", f"{plan.job_name}-airflow-config"),
+    ):
+        owners = kube.get(plural, NS, name)["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [("MPIJob", uid, True)]
     threading.Timer(2.5, _set_suspend, (kube, plan.job_name, False)).start()
     runner.wait_ready()  # past startup_timeout (1 s) while suspended: queued, not stuck
     runner.start_master()
