@@ -209,7 +209,7 @@ class PodTable:
                     if state.name == newest or state.name not in generated
                 ]
                 continue
-            if name in self.deleted:
+            if name in self.deleted or any(gone.startswith(f"{name}-") for gone in self.deleted):
                 states.append(PodState(name, role, PodPhase.FAILED, reason="Deleted", message="the pod was deleted"))
             else:
                 states.append(PodState(name, role, PodPhase.PENDING))

@@ -53,6 +53,7 @@ class MPIJobBackend(KubernetesBackend):
         super().__init__(*args, **kwargs)
         self._created_at: dict[str, float] = {}
         self._status_read: dict[str, tuple[float, Any]] = {}
+        self._gone: dict[str, str | None] = {}  # why a job's launcher pod was deleted, once known
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
         return render_mpijob_plan(spec, identity)
@@ -125,14 +126,28 @@ class MPIJobBackend(KubernetesBackend):
             deleting = {
                 name for name, pod in job.watcher.table.pods.items() if pod["metadata"].get("deletionTimestamp")
             }
-        states = without_cleanup_kills(states, deleting)
         master = next((state for state in states if state.name == job.master), None)
         if master is not None and master.reason == "Deleted":
-            failure = describe_mpijob_failure(self._mpijob_status(job))
+            failure = self._launcher_gone_failure(job)
             if failure is not None:
                 states = [s for s in states if s.name != job.master]
                 states.append(PodState(job.master, Role.MASTER, PodPhase.FAILED, reason=failure))
-        return states
+        return without_cleanup_kills(states, deleting)
+
+    def _launcher_gone_failure(self, job: _Job) -> str | None:
+        """Why the launcher pod was deleted, from the MPIJob's ``Failed`` condition (e.g. the
+        launcher Job's ``DeadlineExceeded``): the controller writes it a moment after the pod
+        goes, so it is waited for up to ``STATUS_EVERY`` seconds, once."""
+        if job.name in self._gone:
+            return self._gone[job.name]
+        deadline = time.monotonic() + STATUS_EVERY
+        while True:
+            self._status_read.pop(job.name, None)
+            failure = describe_mpijob_failure(self._mpijob_status(job))
+            if failure is not None or time.monotonic() >= deadline:
+                self._gone[job.name] = failure
+                return failure
+            time.sleep(0.2)
 
     def queue_status(self, job_name: str) -> str | None:
         """Queued while the MPIJob is suspended (Kueue has not admitted it) or has no pods yet
@@ -217,8 +232,8 @@ class MPIJobBackend(KubernetesBackend):
         deadline = time.monotonic() + TEARDOWN_WAIT
         while self.custom.get(namespace, MPIJOB, job_name) is not None and time.monotonic() < deadline:
             time.sleep(0.2)
-        self._created_at.pop(job_name, None)
-        self._status_read.pop(job_name, None)
+        for cache in (self._created_at, self._status_read, self._gone):
+            cache.pop(job_name, None)
 
     def _delete_mpijob(self, namespace: str, name: str) -> None:
         self.custom.delete(namespace, MPIJOB, name, propagation="Foreground")

@@ -296,3 +296,29 @@ def test_jobs_succeed_through_airflow_waiting_and_deferred_in_host_and_hostfile_
         assert result["exit_code"] == 0 and result["result"] == {"ok": True}, (task_id, result)
     assert kube.request_count("POST", "/mpijobs") == 4
     assert left(kube) == []
+
+
+def test_the_launcher_jobs_deadline_ends_the_task_with_the_mpijobs_reason(
+    backend: MPIJobBackend,
+    cluster: tuple[KubeDouble, MPIJobController],
+    scripts: Scripts,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``runPolicy.activeDeadlineSeconds`` the launcher Job deletes its pod: the task names
+    the MPIJob's Failed reason, not just a deleted pod."""
+    import airflow_mpi.backends.mpijob as module
+
+    original = module.render_mpijob_manifests
+
+    def short_deadline(plan: JobPlan, namespace: str, **kwargs: Any) -> list[dict[str, Any]]:
+        objects = original(plan, namespace, **kwargs)
+        objects[0]["spec"]["runPolicy"]["activeDeadlineSeconds"] = 2
+        return objects
+
+    monkeypatch.setattr(module, "render_mpijob_manifests", short_deadline)
+    scripts.on(LAUNCHER, PodScript(lines=lambda: iter(["[1,0]<stdout>:still going"])))  # never ends by itself
+    plan = make_plan(backend, workers=1, timeout=60)
+    with pytest.raises(JobFailed) as caught:
+        run(backend, plan)
+    assert "MPIJob failed: DeadlineExceeded" in str(caught.value)
+    assert left(cluster[0]) == []
