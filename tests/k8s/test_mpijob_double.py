@@ -628,3 +628,100 @@ def test_with_gang_scheduling_a_pod_group_is_made_and_the_pods_name_it(scripts: 
     finally:
         controller.stop()
         kube.stop()
+
+
+def test_an_unknown_launcher_creation_policy_passes_everything_and_waits_for_ready_workers(
+    cluster: Cluster, scripts: Scripts
+) -> None:
+    """The CRD declares no enum for it and the controller does not validate it: anything but
+    AtStartup waits for the workers."""
+    scripts.on("-worker-", PodScript(ready_delay=0.8))
+    cluster.submit(worker_with_probe(mpijob("odd", launcherCreationPolicy="Eventually")))
+    until(lambda: len(cluster.pods("training.kubeflow.org/job-role=worker")) == 2)
+    assert cluster.batch.list_namespaced_job(NS).items == []
+    until(lambda: cluster.batch.list_namespaced_job(NS).items)
+    assert [reason for kind, reason, _ in cluster.events("odd") if kind == "Warning"] == []
+
+
+def test_batch_jobs_are_served_listed_watched_and_deleting_one_collects_its_pod(
+    cluster: Cluster, scripts: Scripts
+) -> None:
+    scripts.on("-launcher-", PodScript())
+    cluster.submit(mpijob("bj"))
+    (launcher,) = until(lambda: cluster.launcher_pods("bj"))
+    listed = cluster.batch.list_namespaced_job(NS, label_selector="app=bj")
+    (job,) = listed.items
+    assert job.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": job.metadata.uid}
+    assert launcher.metadata.labels["batch.kubernetes.io/controller-uid"] == job.metadata.uid
+    until(lambda: cluster.batch.read_namespaced_job("bj-launcher", NS).status.active == 1)
+    stream = cluster.batch.list_namespaced_job(
+        NS, watch=True, resource_version=listed.metadata.resource_version, timeout_seconds=5, _preload_content=False
+    )
+    cluster.batch.delete_namespaced_job("bj-launcher", NS, body=client.V1DeleteOptions(propagation_policy="Background"))
+    seen = [line for line in stream.read().decode().splitlines() if '"DELETED"' in line]
+    assert seen, "the watch saw no deletion"
+    until(lambda: launcher.metadata.name not in cluster.pods())
+
+
+def test_a_gang_that_does_not_fit_keeps_every_pod_pending_and_the_mpijob_only_created(scripts: Scripts) -> None:
+    """Gang-scheduled by Volcano on a cluster without room: no pod starts, so the MPIJob has only
+    ``Created``: what a waiting task sees."""
+    from airflow_mpi.testing.gang_controllers import GangControllers
+
+    kube = KubeDouble(ScriptedKubelet(scripts))
+    gangs = GangControllers(kube, gpus_per_node=[2])
+    controller = MPIJobController(kube, gang_scheduler="volcano")
+    kube.custom_validator = _crd_validator
+    kube.start()
+    try:
+        cluster = Cluster(kube, controller)
+        body = mpijob("big")
+        gpu = {"limits": {"nvidia.com/gpu": "2"}}
+        body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"] = gpu
+        cluster.submit(body)
+        until(lambda: len(cluster.pods("training.kubeflow.org/job-name=big")) == 3)
+        time.sleep(0.3)
+        pods = cluster.pods("training.kubeflow.org/job-name=big").values()
+        assert {p.status.phase for p in pods} == {"Pending"}
+        assert all(
+            any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or []) for p in pods
+        )
+        assert set(cluster.conditions("big")) == {"Created"}
+    finally:
+        controller.stop()
+        gangs.stop()
+        kube.stop()
+
+
+def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: Scripts) -> None:
+    from airflow_mpi.testing.kueue_mpijobs import KueueMPIJobs
+
+    scripts.on("-launcher-", PodScript())
+    kube = KubeDouble(ScriptedKubelet(scripts))
+    controller = MPIJobController(kube)
+    kueue = KueueMPIJobs(kube, controller)
+    kube.custom_validator = _crd_validator
+    kube.start()
+    try:
+        cluster = Cluster(kube, controller)
+        kueue.hold_admission(1.0)
+        body = mpijob("queued")
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "training"}
+        cluster.submit(body)
+        assert cluster.job("queued")["spec"]["runPolicy"]["suspend"] is True  # the webhook's doing
+        until(lambda: cluster.conditions("queued").get("Suspended", {}).get("status") == "True")
+        (workload,) = kube.list_objects("workloads.kueue.x-k8s.io", NS)
+        assert workload["spec"] == {
+            "queueName": "training",
+            "podSets": [{"name": "launcher", "count": 1}, {"name": "worker", "count": 2}],
+        }
+        assert workload["metadata"]["ownerReferences"][0]["name"] == "queued"
+        assert cluster.pods("training.kubeflow.org/job-name=queued") == {}
+        until(lambda: cluster.conditions("queued").get("Running", {}).get("status") == "True")
+        assert cluster.conditions("queued")["Suspended"]["reason"] == "MPIJobResumed"
+        cluster.custom.delete_namespaced_custom_object("kubeflow.org", "v2beta1", NS, "mpijobs", "queued")
+        until(lambda: cluster.left() == [] and not kube.list_objects("workloads.kueue.x-k8s.io", NS))
+    finally:
+        kueue.stop()
+        controller.stop()
+        kube.stop()
