@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from airflow_mpi.testing.crd_schema import crd_dir
+from airflow_mpi.testing.crd_schema import crd_dir, crd_errors
 from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from airflow_mpi.testing.mpijob_controller import MPIJobController
 from tests.k8s.conftest import Scripts, api_client_for
@@ -84,7 +84,15 @@ def cluster(scripts: Scripts) -> Iterator[Cluster]:
     kube.start()
     yield Cluster(kube, controller)
     controller.stop()
+    assert_every_mpijob_fits_its_crd(kube)
     kube.stop()
+
+
+def assert_every_mpijob_fits_its_crd(kube: KubeDouble) -> None:
+    """What the controller wrote (status, conditions, replicaStatuses) passes the CRD's schema too."""
+    if crd_dir() is not None:
+        for job in kube.list_objects(MPIJOBS):
+            assert crd_errors(job) == [], job
 
 
 def until(check: Callable[[], Any], timeout: float = 10) -> Any:
@@ -627,6 +635,7 @@ def test_with_gang_scheduling_a_pod_group_is_made_and_the_pods_name_it(scripts: 
         until(lambda: kube.get("podgroups.scheduling.volcano.sh", NS, "gang") is None)  # cleaned up with the workers
     finally:
         controller.stop()
+        assert_every_mpijob_fits_its_crd(kube)
         kube.stop()
 
 
@@ -690,6 +699,7 @@ def test_a_gang_that_does_not_fit_keeps_every_pod_pending_and_the_mpijob_only_cr
     finally:
         controller.stop()
         gangs.stop()
+        assert_every_mpijob_fits_its_crd(kube)
         kube.stop()
 
 
@@ -724,4 +734,5 @@ def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: 
     finally:
         kueue.stop()
         controller.stop()
+        assert_every_mpijob_fits_its_crd(kube)
         kube.stop()
