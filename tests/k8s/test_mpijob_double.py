@@ -736,3 +736,66 @@ def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: 
         controller.stop()
         assert_every_mpijob_fits_its_crd(kube)
         kube.stop()
+
+
+def test_a_launcher_job_or_worker_pod_it_does_not_own_stops_it_too(cluster: Cluster, scripts: Scripts) -> None:
+    scripts.on("-launcher-", PodScript())
+    template = {"spec": {"containers": [container(command=["true"])], "restartPolicy": "Never"}}
+    cluster.batch.create_namespaced_job(
+        NS,
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "cj-launcher"}, "spec": {"template": template}},
+    )
+    cluster.submit(mpijob("cj"))
+    message = 'Resource "cj-launcher" of Kind "Job" already exists and is not managed by MPIJob'
+    until(lambda: ("Warning", "ErrResourceExists", message) in cluster.events("cj"))
+    assert not any(name.startswith(("services/", "configmaps/", "secrets/")) for name in cluster.left())
+
+    cluster.kube.create("pods", NS, {"metadata": {"name": "cw-worker-0"}, "spec": {"containers": [container()]}})
+    cluster.submit(mpijob("cw"))
+    message = 'Resource "cw-worker-0" of Kind "Pod" already exists and is not managed by MPIJob'
+    until(lambda: ("Warning", "ErrResourceExists", message) in cluster.events("cw"))
+    time.sleep(0.2)
+    assert (
+        cluster.kube.get("pods", NS, "cw-worker-1") is None
+        and cluster.kube.get("jobs.batch", NS, "cw-launcher") is None
+    )
+
+
+@pytest.mark.parametrize("role", ["Worker", "Launcher"])
+def test_a_template_the_apiserver_refuses_is_reported_as_an_mpijob_failed_event(cluster: Cluster, role: str) -> None:
+    body = mpijob("tpl")
+    body["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]["name"] = "Main_1"
+    cluster.submit(body)
+    what = "worker" if role == "Worker" else "launcher"
+    event = until(lambda: [e for e in cluster.events("tpl") if e[1] == "MPIJobFailed"])[0]
+    assert event[0] == "Warning" and event[2].startswith(f"{what} pod created failed: ")
+    assert "Main_1" in event[2]
+    assert "Failed" not in cluster.conditions("tpl")  # an event only: the controller retries
+
+
+def test_a_restart_policy_in_the_launcher_template_is_overridden_with_a_warning_event(cluster: Cluster) -> None:
+    body = mpijob("rp")
+    body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    cluster.submit(body)
+    until(lambda: cluster.launcher_pods("rp"))
+    message = "Restart policy in pod template overridden by restart policy in replica spec"
+    assert ("Warning", "SetPodTemplateRestartPolicy", message) in cluster.events("rp")
+    assert cluster.launcher_pods("rp")[0].spec.restart_policy == "Never"  # the replica spec's
+
+
+def test_a_running_job_follows_its_spec_fewer_workers_and_the_launcher_as_worker(
+    cluster: Cluster, scripts: Scripts
+) -> None:
+    scripts.on("-launcher-", PodScript())
+    cluster.submit(mpijob("grow"))
+    until(lambda: cluster.conditions("grow").get("Running"))
+
+    def edit(job: dict[str, Any]) -> None:
+        job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 1
+        job["spec"]["runLauncherAsWorker"] = True
+
+    cluster.change("grow", edit)
+    until(lambda: "grow-worker-1" not in cluster.pods())
+    until(lambda: cluster.core.read_namespaced_service("grow", NS).spec.publish_not_ready_addresses is True)
+    hostfile = cluster.core.read_namespaced_config_map("grow-config", NS).data["hostfile"]
+    assert hostfile == "grow-launcher.grow.default.svc slots=1\ngrow-worker-0.grow.default.svc slots=1\n"
