@@ -729,6 +729,13 @@ def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: 
         assert cluster.pods("training.kubeflow.org/job-name=queued") == {}
         until(lambda: cluster.conditions("queued").get("Running", {}).get("status") == "True")
         assert cluster.conditions("queued")["Suspended"]["reason"] == "MPIJobResumed"
+        controller.end_launcher(NS, "queued", 0)
+
+        def workload_conditions() -> list[str]:
+            (workload,) = kube.list_objects("workloads.kueue.x-k8s.io", NS)
+            return [c["type"] for c in workload["status"]["conditions"]]
+
+        until(lambda: workload_conditions() == ["QuotaReserved", "Admitted", "Finished"])
         cluster.custom.delete_namespaced_custom_object("kubeflow.org", "v2beta1", NS, "mpijobs", "queued")
         until(lambda: cluster.left() == [] and not kube.list_objects("workloads.kueue.x-k8s.io", NS))
     finally:
