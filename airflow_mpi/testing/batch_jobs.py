@@ -10,6 +10,9 @@ more often than that: the kubelet restarts it in place and at the limit the Job 
 and its log with it (mpi-operator#154); ``DeadlineExceeded`` past ``activeDeadlineSeconds`` from
 ``startTime``, killing the running pod; ``suspend`` deletes the active pod and stops the clock.
 
+An in-place restart asks the kubelet to start the pod again: ``ScriptedKubelet`` plays its script
+anew; ``RealKubelet`` cannot restart a sandbox pod, so use restartPolicy Never with it.
+
 Not modelled: the ``batch.kubernetes.io/job-tracking`` pod finalizer, Indexed jobs, parallelism
 over 1, pod failure policies, ``FailureTarget``/``SuccessCriteriaMet`` interim conditions.
 """

@@ -17,9 +17,10 @@ gets its 400 ``BadRequest``.
 
 Custom resources are served under ``/apis/<group>/<version>/namespaces/<ns>/<plural>`` once
 registered (``register_custom``), checked by ``custom_validator`` (a CRD's schema); controllers
-(``gang_controllers``) hear every change, may hold a pod back from the kubelet until its group is
-admitted (``pod_gates``), mutate pods on create (``pod_webhooks``), and finalizers keep a deleted
-object until they are removed.
+(``gang_controllers``; ``mpijob_controller`` with ``batch_jobs`` and ``kueue_mpijobs``) hear every
+change, may hold a pod back from the kubelet until its group is admitted (``pod_gates``), mutate
+pods on create (``pod_webhooks``), default custom objects (``custom_defaulters``), and finalizers
+keep a deleted object until they are removed.
 
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
 ``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.

@@ -259,7 +259,7 @@ class MPIJobController:
         existing = self._worker_pods(job)
         for pod in existing if len(existing) > count else []:
             index = (pod["metadata"].get("labels") or {}).get(mo.REPLICA_INDEX_LABEL, "")
-            if index.isdigit() and int(index) >= count + int(mo.launcher_as_worker(job)):
+            if index.isdigit() and int(index) >= count:  # the label as written, shifted or not (as in Go)
                 self.double.delete("pods", ns, pod["metadata"]["name"])  # scaled down
         workers = []
         for index in range(count):

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from airflow_mpi.testing.crd_schema import crd_dir
+from airflow_mpi.testing.crd_schema import crd_dir, crd_errors
 from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from airflow_mpi.testing.mpijob_controller import MPIJobController
 from tests.k8s.conftest import Scripts, api_client_for
@@ -84,7 +84,15 @@ def cluster(scripts: Scripts) -> Iterator[Cluster]:
     kube.start()
     yield Cluster(kube, controller)
     controller.stop()
+    assert_every_mpijob_fits_its_crd(kube)
     kube.stop()
+
+
+def assert_every_mpijob_fits_its_crd(kube: KubeDouble) -> None:
+    """What the controller wrote (status, conditions, replicaStatuses) passes the CRD's schema too."""
+    if crd_dir() is not None:
+        for job in kube.list_objects(MPIJOBS):
+            assert crd_errors(job) == [], job
 
 
 def until(check: Callable[[], Any], timeout: float = 10) -> Any:
@@ -627,4 +635,174 @@ def test_with_gang_scheduling_a_pod_group_is_made_and_the_pods_name_it(scripts: 
         until(lambda: kube.get("podgroups.scheduling.volcano.sh", NS, "gang") is None)  # cleaned up with the workers
     finally:
         controller.stop()
+        assert_every_mpijob_fits_its_crd(kube)
         kube.stop()
+
+
+def test_an_unknown_launcher_creation_policy_passes_everything_and_waits_for_ready_workers(
+    cluster: Cluster, scripts: Scripts
+) -> None:
+    """The CRD declares no enum for it and the controller does not validate it: anything but
+    AtStartup waits for the workers."""
+    scripts.on("-worker-", PodScript(ready_delay=0.8))
+    cluster.submit(worker_with_probe(mpijob("odd", launcherCreationPolicy="Eventually")))
+    until(lambda: len(cluster.pods("training.kubeflow.org/job-role=worker")) == 2)
+    assert cluster.batch.list_namespaced_job(NS).items == []
+    until(lambda: cluster.batch.list_namespaced_job(NS).items)
+    assert [reason for kind, reason, _ in cluster.events("odd") if kind == "Warning"] == []
+
+
+def test_batch_jobs_are_served_listed_watched_and_deleting_one_collects_its_pod(
+    cluster: Cluster, scripts: Scripts
+) -> None:
+    scripts.on("-launcher-", PodScript())
+    cluster.submit(mpijob("bj"))
+    (launcher,) = until(lambda: cluster.launcher_pods("bj"))
+    listed = cluster.batch.list_namespaced_job(NS, label_selector="app=bj")
+    (job,) = listed.items
+    assert job.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": job.metadata.uid}
+    assert launcher.metadata.labels["batch.kubernetes.io/controller-uid"] == job.metadata.uid
+    until(lambda: cluster.batch.read_namespaced_job("bj-launcher", NS).status.active == 1)
+    stream = cluster.batch.list_namespaced_job(
+        NS, watch=True, resource_version=listed.metadata.resource_version, timeout_seconds=5, _preload_content=False
+    )
+    cluster.batch.delete_namespaced_job("bj-launcher", NS, body=client.V1DeleteOptions(propagation_policy="Background"))
+    seen = [line for line in stream.read().decode().splitlines() if '"DELETED"' in line]
+    assert seen, "the watch saw no deletion"
+    until(lambda: launcher.metadata.name not in cluster.pods())
+
+
+def test_a_gang_that_does_not_fit_keeps_every_pod_pending_and_the_mpijob_only_created(scripts: Scripts) -> None:
+    """Gang-scheduled by Volcano on a cluster without room: no pod starts, so the MPIJob has only
+    ``Created``: what a waiting task sees."""
+    from airflow_mpi.testing.gang_controllers import GangControllers
+
+    kube = KubeDouble(ScriptedKubelet(scripts))
+    gangs = GangControllers(kube, gpus_per_node=[2])
+    controller = MPIJobController(kube, gang_scheduler="volcano")
+    kube.custom_validator = _crd_validator
+    kube.start()
+    try:
+        cluster = Cluster(kube, controller)
+        body = mpijob("big")
+        gpu = {"limits": {"nvidia.com/gpu": "2"}}
+        body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"] = gpu
+        cluster.submit(body)
+        until(lambda: len(cluster.pods("training.kubeflow.org/job-name=big")) == 3)
+        time.sleep(0.3)
+        pods = cluster.pods("training.kubeflow.org/job-name=big").values()
+        assert {p.status.phase for p in pods} == {"Pending"}
+        assert all(
+            any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or []) for p in pods
+        )
+        assert set(cluster.conditions("big")) == {"Created"}
+    finally:
+        controller.stop()
+        gangs.stop()
+        assert_every_mpijob_fits_its_crd(kube)
+        kube.stop()
+
+
+def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: Scripts) -> None:
+    from airflow_mpi.testing.kueue_mpijobs import KueueMPIJobs
+
+    scripts.on("-launcher-", PodScript())
+    kube = KubeDouble(ScriptedKubelet(scripts))
+    controller = MPIJobController(kube)
+    kueue = KueueMPIJobs(kube, controller)
+    kube.custom_validator = _crd_validator
+    kube.start()
+    try:
+        cluster = Cluster(kube, controller)
+        kueue.hold_admission(1.0)
+        body = mpijob("queued")
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "training"}
+        cluster.submit(body)
+        assert cluster.job("queued")["spec"]["runPolicy"]["suspend"] is True  # the webhook's doing
+        until(lambda: cluster.conditions("queued").get("Suspended", {}).get("status") == "True")
+        (workload,) = kube.list_objects("workloads.kueue.x-k8s.io", NS)
+        assert workload["spec"] == {
+            "queueName": "training",
+            "podSets": [{"name": "launcher", "count": 1}, {"name": "worker", "count": 2}],
+        }
+        assert workload["metadata"]["ownerReferences"][0]["name"] == "queued"
+        assert cluster.pods("training.kubeflow.org/job-name=queued") == {}
+        until(lambda: cluster.conditions("queued").get("Running", {}).get("status") == "True")
+        assert cluster.conditions("queued")["Suspended"]["reason"] == "MPIJobResumed"
+        controller.end_launcher(NS, "queued", 0)
+
+        def workload_conditions() -> list[str]:
+            (workload,) = kube.list_objects("workloads.kueue.x-k8s.io", NS)
+            return [c["type"] for c in workload["status"]["conditions"]]
+
+        until(lambda: workload_conditions() == ["QuotaReserved", "Admitted", "Finished"])
+        cluster.custom.delete_namespaced_custom_object("kubeflow.org", "v2beta1", NS, "mpijobs", "queued")
+        until(lambda: cluster.left() == [] and not kube.list_objects("workloads.kueue.x-k8s.io", NS))
+    finally:
+        kueue.stop()
+        controller.stop()
+        assert_every_mpijob_fits_its_crd(kube)
+        kube.stop()
+
+
+def test_a_launcher_job_or_worker_pod_it_does_not_own_stops_it_too(cluster: Cluster, scripts: Scripts) -> None:
+    scripts.on("-launcher-", PodScript())
+    template = {"spec": {"containers": [container(command=["true"])], "restartPolicy": "Never"}}
+    cluster.batch.create_namespaced_job(
+        NS,
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "cj-launcher"}, "spec": {"template": template}},
+    )
+    cluster.submit(mpijob("cj"))
+    message = 'Resource "cj-launcher" of Kind "Job" already exists and is not managed by MPIJob'
+    until(lambda: ("Warning", "ErrResourceExists", message) in cluster.events("cj"))
+    assert not any(name.startswith(("services/", "configmaps/", "secrets/")) for name in cluster.left())
+
+    cluster.kube.create("pods", NS, {"metadata": {"name": "cw-worker-0"}, "spec": {"containers": [container()]}})
+    cluster.submit(mpijob("cw"))
+    message = 'Resource "cw-worker-0" of Kind "Pod" already exists and is not managed by MPIJob'
+    until(lambda: ("Warning", "ErrResourceExists", message) in cluster.events("cw"))
+    time.sleep(0.2)
+    assert (
+        cluster.kube.get("pods", NS, "cw-worker-1") is None
+        and cluster.kube.get("jobs.batch", NS, "cw-launcher") is None
+    )
+
+
+@pytest.mark.parametrize("role", ["Worker", "Launcher"])
+def test_a_template_the_apiserver_refuses_is_reported_as_an_mpijob_failed_event(cluster: Cluster, role: str) -> None:
+    body = mpijob("tpl")
+    body["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]["name"] = "Main_1"
+    cluster.submit(body)
+    what = "worker" if role == "Worker" else "launcher"
+    event = until(lambda: [e for e in cluster.events("tpl") if e[1] == "MPIJobFailed"])[0]
+    assert event[0] == "Warning" and event[2].startswith(f"{what} pod created failed: ")
+    assert "Main_1" in event[2]
+    assert "Failed" not in cluster.conditions("tpl")  # an event only: the controller retries
+
+
+def test_a_restart_policy_in_the_launcher_template_is_overridden_with_a_warning_event(cluster: Cluster) -> None:
+    body = mpijob("rp")
+    body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    cluster.submit(body)
+    until(lambda: cluster.launcher_pods("rp"))
+    message = "Restart policy in pod template overridden by restart policy in replica spec"
+    assert ("Warning", "SetPodTemplateRestartPolicy", message) in cluster.events("rp")
+    assert cluster.launcher_pods("rp")[0].spec.restart_policy == "Never"  # the replica spec's
+
+
+def test_a_running_job_follows_its_spec_fewer_workers_and_the_launcher_as_worker(
+    cluster: Cluster, scripts: Scripts
+) -> None:
+    scripts.on("-launcher-", PodScript())
+    cluster.submit(mpijob("grow"))
+    until(lambda: cluster.conditions("grow").get("Running"))
+
+    def edit(job: dict[str, Any]) -> None:
+        job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 1
+        job["spec"]["runLauncherAsWorker"] = True
+
+    cluster.change("grow", edit)
+    until(lambda: "grow-worker-1" not in cluster.pods())
+    until(lambda: cluster.core.read_namespaced_service("grow", NS).spec.publish_not_ready_addresses is True)
+    hostfile = cluster.core.read_namespaced_config_map("grow-config", NS).data["hostfile"]
+    assert hostfile == "grow-launcher.grow.default.svc slots=1\ngrow-worker-0.grow.default.svc slots=1\n"
