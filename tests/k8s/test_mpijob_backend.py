@@ -322,3 +322,28 @@ def test_the_launcher_jobs_deadline_ends_the_task_with_the_mpijobs_reason(
         run(backend, plan)
     assert "MPIJob failed: DeadlineExceeded" in str(caught.value)
     assert left(cluster[0]) == []
+
+
+def test_a_sensor_in_another_task_finds_the_job_by_name(
+    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
+) -> None:
+    """``SshdReadySensor`` asks a backend that did not create the job (by its name alone)."""
+    from airflow_mpi.runner import check_sshd_once
+
+    kube, _ = cluster
+    scripts.on(LAUNCHER, PodScript(lines=lambda: iter(["[1,0]<stdout>:training"])))
+    plan = make_plan(backend, workers=2)
+    runner = JobRunner(backend, plan, [].append)
+    runner.create()
+    try:
+        runner.wait_ready()
+        other = MPIJobBackend(api_client=api_client_for(kube), namespace=NS)
+        report = check_sshd_once(other, plan.job_name)
+        other.release(plan.job_name)
+        assert report.ready and report.failure is None
+        assert sorted(probe.host for probe in report.probes) == [
+            f"{plan.job_name}-worker-{i}.{plan.job_name}" for i in range(2)
+        ]
+    finally:
+        runner.teardown()
+    assert left(kube) == []
