@@ -97,8 +97,8 @@ def render_mpijob_owner_reference(plan: JobPlan, uid: str) -> Manifest:
 def render_mpijob_manifests(
     plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
 ) -> list[Manifest]:
-    """Every object the MPIJob backend creates, in order: the MPIJob, then its Secret and
-    ConfigMap (owned by it, so created once its uid is known)."""
+    """Every object the MPIJob backend creates: the MPIJob, our Secret and our ConfigMap, owned
+    by it (the backend creates them first and sets the owner once the MPIJob's uid is known)."""
     require_image(plan)
     issues = check_mpijob_plan(plan)
     if issues:

@@ -3,9 +3,10 @@
 
 The controller creates the Service ``<job>``, its own ssh Secret and hostfile ConfigMap, the
 worker pods and a batch/v1 launcher Job whose pod (``<job>-launcher-<random>``) is our master;
-we create the MPIJob, then our Secret and ConfigMap owned by it. From there this is the
-Kubernetes backend: the same pod watch (by our job label, which both templates carry), readiness,
-master log follow (the newest launcher pod) and failure causes. The MPIJob's own state says what
+we create our Secret and ConfigMap (its pods start at once and must find them), then the
+MPIJob, which then owns them. From there this is the Kubernetes backend: the same pod watch (by
+our job label, which both templates carry), readiness, master log follow (the newest launcher
+pod) and failure causes. The MPIJob's own state says what
 the pods cannot: queued (suspended by Kueue, or waiting for its gang), rejected (the controller's
 ``ValidationError`` event) and why it failed when the launcher pod is gone. Teardown deletes the
 MPIJob in the foreground, which takes everything else along.
@@ -41,7 +42,7 @@ from airflow_mpi.status import PodPhase, PodState
 
 # How long an MPIJob may go without any condition before the controller is taken to be absent.
 CONTROLLER_GRACE = 60.0
-STATUS_EVERY = 2.0  # seconds between reads of the MPIJob while its launcher pod is gone
+CONDITION_WAIT = 2.0  # for the MPIJob's Failed condition once its launcher pod is gone
 
 
 class MPIJobBackend(KubernetesBackend):
@@ -52,7 +53,6 @@ class MPIJobBackend(KubernetesBackend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._created_at: dict[str, float] = {}
-        self._status_read: dict[str, tuple[float, Any]] = {}
         self._gone: dict[str, str | None] = {}  # why a job's launcher pod was deleted, once known
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
@@ -137,13 +137,12 @@ class MPIJobBackend(KubernetesBackend):
     def _launcher_gone_failure(self, job: _Job) -> str | None:
         """Why the launcher pod was deleted, from the MPIJob's ``Failed`` condition (e.g. the
         launcher Job's ``DeadlineExceeded``): the controller writes it a moment after the pod
-        goes, so it is waited for up to ``STATUS_EVERY`` seconds, once."""
+        goes, so it is waited for up to ``CONDITION_WAIT`` seconds, once."""
         if job.name in self._gone:
             return self._gone[job.name]
-        deadline = time.monotonic() + STATUS_EVERY
+        deadline = time.monotonic() + CONDITION_WAIT
         while True:
-            self._status_read.pop(job.name, None)
-            failure = describe_mpijob_failure(self._mpijob_status(job))
+            failure = describe_mpijob_failure(self.custom.get(job.namespace, MPIJOB, job.name))
             if failure is not None or time.monotonic() >= deadline:
                 self._gone[job.name] = failure
                 return failure
@@ -194,15 +193,6 @@ class MPIJobBackend(KubernetesBackend):
             raise translate(error, ApiRequest("list", "events", namespace), self.api_url) from error
         return list(json.loads(response.data).get("items") or [])
 
-    def _mpijob_status(self, job: _Job) -> Any:
-        """The MPIJob, read at most every ``STATUS_EVERY`` seconds (pod states are asked often)."""
-        now = time.monotonic()
-        last = self._status_read.get(job.name)
-        if last is None or now - last[0] >= STATUS_EVERY:
-            last = (now, self.custom.get(job.namespace, MPIJOB, job.name))
-            self._status_read[job.name] = last
-        return last[1]
-
     def _launcher_pod(self, job: _Job) -> str:
         """The newest launcher pod's own name (the master's name is the launcher's host name)."""
         with job.watcher.cond:
@@ -232,7 +222,7 @@ class MPIJobBackend(KubernetesBackend):
         deadline = time.monotonic() + TEARDOWN_WAIT
         while self.custom.get(namespace, MPIJOB, job_name) is not None and time.monotonic() < deadline:
             time.sleep(0.2)
-        for cache in (self._created_at, self._status_read, self._gone):
+        for cache in (self._created_at, self._gone):
             cache.pop(job_name, None)
 
     def _delete_mpijob(self, namespace: str, name: str) -> None:
