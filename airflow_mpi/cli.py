@@ -1,6 +1,7 @@
 """``airflow-mpi``: render a job's Kubernetes objects, check this machine, or run a job locally.
 
-airflow-mpi render SPEC.yaml [--backend kubernetes|volcano] [--run-id ID] [--namespace NS] [--show-secrets] [--json]
+airflow-mpi render SPEC.yaml [--backend kubernetes|volcano|mpijob] [--run-id ID] [--namespace NS]
+    [--show-secrets] [--json]
 airflow-mpi validate SPEC.yaml
 airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
 airflow-mpi run SPEC.yaml --backend kubernetes [--kubeconfig F | --conn-id ID]  (on a cluster)
@@ -95,9 +96,16 @@ def cmd_render(args: argparse.Namespace) -> int:
     from airflow_mpi.volcano import render_volcano_manifests
 
     spec = load_spec(args.spec)
-    plan = render_plan(spec, cli_identity(spec, args))
+    if args.backend == "mpijob":
+        from airflow_mpi.mpijob import render_mpijob_manifests, render_mpijob_plan
+
+        plan = render_mpijob_plan(spec, cli_identity(spec, args))
+    else:
+        plan = render_plan(spec, cli_identity(spec, args))
     namespace = spec.pod.namespace or args.namespace
     render = render_volcano_manifests if args.backend == "volcano" else render_gang_manifests
+    if args.backend == "mpijob":
+        render = render_mpijob_manifests
     objects = render(plan, namespace, redact_secrets=not args.show_secrets)
     if args.json:
         json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, sys.stdout, indent=2)
@@ -268,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_args(render)
     render.add_argument(
         "--backend",
-        choices=("kubernetes", "volcano"),
+        choices=("kubernetes", "volcano", "mpijob"),
         default="kubernetes",
         help="the backend whose objects to print (default: kubernetes, with the spec's gang setting)",
     )

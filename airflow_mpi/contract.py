@@ -58,6 +58,9 @@ ENV_DRY_RUN = "AIRFLOW_MPI_DRY_RUN"
 ENV_CONFIG_DIR = "AIRFLOW_MPI_CONFIG_DIR"
 ENV_SSH_SECRET_DIR = "AIRFLOW_MPI_SSH_SECRET_DIR"  # noqa: S105 (a variable name)
 ENV_RUNTIME_DIR = "AIRFLOW_MPI_RUNTIME_DIR"
+# Hostfile mode reads this file instead of ``<config dir>/hostfile`` when set: a controller that
+# writes the hostfile itself (mpi-operator's ``/etc/mpi/hostfile``).
+ENV_HOSTFILE = "AIRFLOW_MPI_HOSTFILE"
 
 # Names the user may not set in ``env`` (the platform owns them, or the script computes them;
 # docs/contract.md#reserved-names).
@@ -116,6 +119,8 @@ class PodPaths:
     config_dir: str = "/etc/mpi"  # ConfigMap: launch.sh, mpiexec.args, hostfile
     ssh_secret_dir: str = "/etc/airflow-mpi/ssh"  # noqa: S105 (the Secret's mount path)
     runtime_dir: str = "/run/airflow-mpi"  # writable, private: ssh files 0600 under 0700, pid
+    # A hostfile written by someone else (mpi-operator's), read instead of ours in config_dir.
+    controller_hostfile: str = ""
 
     @property
     def launch_script(self) -> str:
@@ -123,7 +128,7 @@ class PodPaths:
 
     @property
     def hostfile(self) -> str:
-        return f"{self.config_dir}/hostfile"
+        return self.controller_hostfile or f"{self.config_dir}/hostfile"
 
     @property
     def mpiexec_args(self) -> str:

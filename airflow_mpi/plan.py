@@ -82,11 +82,13 @@ def render_plan(
     ssh: SshMaterial | None = None,
     paths: PodPaths = DEFAULT_PATHS,
     launch_script: str | None = None,
+    master_pod: str | None = None,
 ) -> JobPlan:
-    """Validate ``spec`` and derive every name, env, file and command line of one job."""
+    """Validate ``spec`` and derive every name, env, file and command line of one job.
+    ``master_pod``: the master's name where a controller fixes it (see ``build_topology``)."""
     spec.validated()
     job_name = build_job_name(spec.name, identity)
-    topology = build_topology(spec, job_name)
+    topology = build_topology(spec, job_name, master_pod)
     labels = build_job_labels(job_name, identity, spec.pod.labels)
     job_env = build_job_env(spec, topology)
     pods = [_pod_plan(spec, topology, labels, job_env, Role.MASTER, 0, topology.master_pod)]
@@ -99,7 +101,7 @@ def render_plan(
         contract.CONFIG_ARGS: render_args_file(build_mpiexec_tail(spec, topology, paths)),
         contract.CONFIG_SITECUSTOMIZE: rank_sitecustomize_text(),
     }
-    if spec.hosts_mode is HostsMode.HOSTFILE:
+    if spec.hosts_mode is HostsMode.HOSTFILE and not paths.controller_hostfile:
         config_files[contract.CONFIG_HOSTFILE] = render_hostfile(topology)
     return JobPlan(
         spec=spec,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_mpi.backends.base import Backend, QueueAwareBackend, ReattachableBackend
+from airflow_mpi.backends.base import Backend, PlanningBackend, QueueAwareBackend, ReattachableBackend
 from airflow_mpi.diagnosis import Cause, Diagnosis, EvidenceCollector, diagnose, explain, merge_diagnoses
 from airflow_mpi.events import STATUS_ERROR, STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import (
@@ -526,6 +526,13 @@ class JobRunner:
         )
 
 
+def plan_for(backend: Backend, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
+    """The job's plan as ``backend`` runs it (a controller may fix the master's name and paths)."""
+    if isinstance(backend, PlanningBackend):
+        return backend.render_plan(spec, identity)
+    return render_plan(spec, identity)
+
+
 def resume_or_clean(backend: Backend, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan | None:
     """On a retry, find the jobs earlier tries of this task instance left (a worker crash leaves
     its job running). Reattach to the newest one that can still give the result (its master runs
@@ -535,7 +542,7 @@ def resume_or_clean(backend: Backend, spec: MPIJobSpec, identity: RunIdentity) -
     namespace = backend.namespace_for(spec)
     adopted: JobPlan | None = None
     for found in sorted(backend.find_jobs(identity, namespace), key=lambda job: job.try_number, reverse=True):
-        earlier = render_plan(spec, dataclasses.replace(identity, try_number=found.try_number))
+        earlier = plan_for(backend, spec, dataclasses.replace(identity, try_number=found.try_number))
         if adopted is None and found.try_number != identity.try_number and earlier.job_name == found.job_name:
             states = backend.adopt(earlier, namespace)
             status = evaluate_job(states)

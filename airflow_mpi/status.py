@@ -9,7 +9,7 @@ list, watch or back off, for the sync backend and the async trigger alike.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -147,7 +147,9 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     return {
         "metadata": {
-            key: meta[key] for key in ("name", "labels", "resourceVersion", "deletionTimestamp") if key in meta
+            key: meta[key]
+            for key in ("name", "labels", "resourceVersion", "deletionTimestamp", "creationTimestamp")
+            if key in meta
         },
         "status": pod.get("status") or {},
     }
@@ -198,11 +200,36 @@ class PodTable:
         for name, role in (expected or {}).items():
             if name in self.pods:
                 continue
-            if name in self.deleted:
+            generated = self.generated(name, role)
+            if generated:  # e.g. mpi-operator's launcher: a batch Job names its pod; the newest counts
+                newest = generated[-1]
+                states = [
+                    _as_expected(state, name) if state.name == newest else state
+                    for state in states
+                    if state.name == newest or state.name not in generated
+                ]
+                continue
+            if name in self.deleted or any(gone.startswith(f"{name}-") for gone in self.deleted):
                 states.append(PodState(name, role, PodPhase.FAILED, reason="Deleted", message="the pod was deleted"))
             else:
                 states.append(PodState(name, role, PodPhase.PENDING))
         return states
+
+    def generated(self, name: str, role: Role) -> list[str]:
+        """Pods of ``role`` named ``<name>-<suffix>``, oldest first: the pods a controller made
+        for the expected ``name`` (a batch Job names its pods ``<job>-<random>``)."""
+        found = sorted(
+            ((pod["metadata"].get("creationTimestamp") or ""), pod_name)
+            for pod_name, pod in self.pods.items()
+            if pod_name.startswith(f"{name}-") and (pod["metadata"].get("labels") or {}).get(LABEL_ROLE) == role.value
+        )
+        return [pod_name for _, pod_name in found]
+
+
+def _as_expected(state: PodState, name: str) -> PodState:
+    """A generated pod's state under the name the plan expects, its own name in the message."""
+    message = f"{state.message}; pod {state.name}" if state.message else f"pod {state.name}"
+    return replace(state, name=name, message=message)
 
 
 class WatchLoop:

@@ -57,9 +57,11 @@ class Topology:
         return self.rank_hosts[0].host if self.rank_hosts else self.master_host
 
 
-def build_topology(spec: MPIJobSpec, job_name: str) -> Topology:
+def build_topology(spec: MPIJobSpec, job_name: str, master_pod: str | None = None) -> Topology:
+    """``master_pod``: the master's own name where a controller names it (mpi-operator's
+    ``<job>-launcher``); default ``<job>-master-0``."""
     slot_plan = build_slot_plan(spec)
-    master_pod = build_pod_name(job_name, Role.MASTER, 0)
+    master_pod = master_pod or build_pod_name(job_name, Role.MASTER, 0)
     worker_pods = tuple(build_pod_name(job_name, Role.WORKER, i) for i in range(max(spec.workers.replicas, 0)))
     rank_hosts: list[HostSlots] = []
     if slot_plan.master_slots:

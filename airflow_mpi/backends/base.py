@@ -110,3 +110,13 @@ class QueueAwareBackend(Backend, Protocol):
     def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
         """(group, version, plural) of the custom objects named after the job that a kill must
         delete too (a Volcano Job, a Kueue Workload); the Service takes the rest along."""
+
+
+@runtime_checkable
+class PlanningBackend(Backend, Protocol):
+    """A backend whose controller fixes names or paths of the pods (mpi-operator names the master
+    ``<job>-launcher`` and mounts its own files at ``/etc/mpi``): it renders the plan itself, so
+    the runner, the rank checks and the failure messages use the names the pods really have."""
+
+    def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
+        """The plan of ``spec`` for this run, as this backend runs it."""

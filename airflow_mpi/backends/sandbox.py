@@ -268,9 +268,11 @@ class Sandbox:
         mounts: Sequence[Mount],
         stdout: IO[bytes] | int,
         user: tuple[int, int] | None = None,
+        hostname: str | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start the pod's first process: ``argv`` with exactly ``env``, behind ``mounts``, as
-        ``user`` (uid, gid) without capabilities, or as root."""
+        ``user`` (uid, gid) without capabilities, or as root. ``hostname``: the pod's own, when
+        it is not its name (a pod spec's ``hostname``)."""
         pod = self.pods[name]
         as_user = ["--user", str(user[0]), str(user[1])] if user is not None else []
         command = [
@@ -278,7 +280,7 @@ class Sandbox:
             # The pod dies with this process, even SIGKILLed (then unshare's --kill-child).
             "setpriv", "--pdeathsig", "KILL",
             "unshare", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
-            "bash", "-c", POD_INIT, "pod-init", name,
+            "bash", "-c", POD_INIT, "pod-init", hostname or name,
             *(arg for mount in mounts for arg in mount.pod_init_args()),
             *as_user,
             "--", *argv,

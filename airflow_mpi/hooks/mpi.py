@@ -1,6 +1,6 @@
 """MPIJobHook: an Airflow connection (type ``mpi``) -> the backend that runs the job.
 
-Connection extras: ``backend`` (``local``, ``kubernetes`` or ``volcano``), ``kubernetes_conn_id``,
+Connection extras: ``backend`` (``local``, ``kubernetes``, ``volcano`` or ``mpijob``), ``kubernetes_conn_id``,
 ``namespace``, ``api_timeout`` (seconds the Kubernetes API may stay silent before a wait gives
 up), ``state_dir``, ``job_url_template`` (the task's "MPI job" link, e.g. a dashboard URL with
 ``{namespace}`` and ``{job}``). With no connection configured, the local backend is used, so the
@@ -18,7 +18,7 @@ from airflow_mpi.backends.base import Backend
 from airflow_mpi.exceptions import BackendUnavailable
 from airflow_mpi.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
 
-BACKENDS = ("local", "kubernetes", "volcano")
+BACKENDS = ("local", "kubernetes", "volcano", "mpijob")
 
 
 class MPIJobHook(BaseHook):
@@ -65,6 +65,15 @@ class MPIJobHook(BaseHook):
             from airflow_mpi.backends.volcano import VolcanoBackend
 
             return VolcanoBackend(
+                kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
+                namespace=extras.get("namespace"),
+                api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
+            )
+        if kind == "mpijob":
+            from airflow_mpi.backends.k8s_errors import API_TIMEOUT
+            from airflow_mpi.backends.mpijob import MPIJobBackend
+
+            return MPIJobBackend(
                 kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
                 namespace=extras.get("namespace"),
                 api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),

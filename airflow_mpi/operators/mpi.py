@@ -33,8 +33,8 @@ from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.joblink import LINK_XCOM_KEY
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.operators.links import MPIJobLink
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.runner import JobRunner, resume_or_clean
+from airflow_mpi.plan import JobPlan
+from airflow_mpi.runner import JobRunner, plan_for, resume_or_clean
 from airflow_mpi.spec import MPIJobSpec
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class MPIJobOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         spec, identity, backend = self._prepare(context)
         try:
-            plan = render_plan(spec, identity)
+            plan = plan_for(backend, spec, identity)
             adopted = resume_or_clean(backend, spec, identity) if self.reattach else None
         except SpecError as error:
             raise AirflowFailException(str(error)) from error
@@ -183,7 +183,7 @@ class MPIJobOperator(BaseOperator):
         """Resumed from the trigger: start the master (workers ready), or collect the end."""
         job_name, marks, try_number = event["job_name"], event.get("marks") or {}, int(event["try_number"])
         spec, identity, backend = self._prepare(context)
-        plan = render_plan(spec, RunIdentity(**{**identity.__dict__, "try_number": try_number}))
+        plan = plan_for(backend, spec, RunIdentity(**{**identity.__dict__, "try_number": try_number}))
         if plan.job_name != job_name:
             raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         progress = _Progress(context)

@@ -157,7 +157,8 @@ compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS
   require_count GJ_TRAINING_WORKER_REPLICAS "$worker_replicas"
 
   if [[ "${AIRFLOW_MPI_HOSTS_MODE:-host}" == hostfile ]]; then
-    local hostfile="$CONFIG_DIR/hostfile"
+    # A controller's own hostfile when it writes one (mpi-operator), else ours.
+    local hostfile="${AIRFLOW_MPI_HOSTFILE:-$CONFIG_DIR/hostfile}"
     [[ -r "$hostfile" ]] || die "hostfile mode but $hostfile is missing"
     MPI_HOSTS=$(awk '!/^[[:space:]]*(#|$)/ {
         n = 1
@@ -195,6 +196,8 @@ compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS
       MPI_NP=$((master_replicas * master_gpu))
     fi
     HOST_ARGS=(--host "$MPI_HOSTS")
+    # An injected default hostfile (mpi-operator sets one on its launcher) must not add hosts.
+    unset OMPI_MCA_orte_default_hostfile
   fi
 
   if [[ "${MPI_NP}" -le 0 ]]; then
@@ -214,7 +217,8 @@ compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS
   IFS=',' read -r -a items <<<"$MPI_HOSTS"
   for item in "${items[@]}"; do
     item="${item%:*}"
-    [[ -z "$item" || "$item" == "$master_host" ]] || RANK_HOSTS+=("$item")
+    # This pod, also under a longer name (a controller's hostfile: <pod>.<job>.<ns>.svc).
+    [[ -z "$item" || "$item" == "$master_host" || "$item" == "$master_host".* ]] || RANK_HOSTS+=("$item")
   done
 }
 

@@ -99,3 +99,43 @@ def crd_errors(obj: Obj, directory: Path | None = None) -> list[str]:
         f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
         for error in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
     ]
+
+
+@cache
+def _raw_schemas(directory: str) -> dict[tuple[str, str], Obj]:
+    """(apiVersion, kind) -> the CRD's openAPIV3Schema as written (defaults included)."""
+    found: dict[tuple[str, str], Obj] = {}
+    for path in sorted(Path(directory).glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                for version in doc["spec"].get("versions") or []:
+                    schema = (version.get("schema") or {}).get("openAPIV3Schema")
+                    if schema:
+                        found[(f"{doc['spec']['group']}/{version['name']}", doc["spec"]["names"]["kind"])] = schema
+    return found
+
+
+def apply_crd_defaults(obj: Obj, directory: Path | None = None) -> None:
+    """Fill the schema's ``default`` values in place, as the apiserver does on create: a field
+    is defaulted only where its parent object is present. No CRD at hand: nothing changes."""
+    where = directory or crd_dir()
+    schema = _raw_schemas(str(where)).get((obj.get("apiVersion", ""), obj.get("kind", ""))) if where else None
+    if schema is not None:
+        _default(obj, schema)
+
+
+def _default(value: Any, schema: Obj) -> None:
+    if isinstance(value, dict):
+        for key, child in (schema.get("properties") or {}).items():
+            if key not in value and "default" in child:
+                value[key] = copy.deepcopy(child["default"])
+            if key in value:
+                _default(value[key], child)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in value:
+                if key not in (schema.get("properties") or {}):
+                    _default(value[key], extra)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            _default(item, schema["items"])

@@ -17,9 +17,10 @@ gets its 400 ``BadRequest``.
 
 Custom resources are served under ``/apis/<group>/<version>/namespaces/<ns>/<plural>`` once
 registered (``register_custom``), checked by ``custom_validator`` (a CRD's schema); controllers
-(``gang_controllers``) hear every change, may hold a pod back from the kubelet until its group is
-admitted (``pod_gates``), mutate pods on create (``pod_webhooks``), and finalizers keep a deleted
-object until they are removed.
+(``gang_controllers``; ``mpijob_controller`` with ``batch_jobs`` and ``kueue_mpijobs``) hear every
+change, may hold a pod back from the kubelet until its group is admitted (``pod_gates``), mutate
+pods on create (``pod_webhooks``), default custom objects (``custom_defaulters``), and finalizers
+keep a deleted object until they are removed.
 
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
 ``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
@@ -244,6 +245,11 @@ class KubeDouble:
         self.listeners: list[Callable[[str, str, Obj], None]] = []
         self.pod_gates: list[Callable[[Obj], bool]] = []
         self.pod_webhooks: list[Callable[[Obj], None]] = []
+        # The apiserver's defaulting of a custom kind (a CRD's defaults, a batch/v1 Job's
+        # selector), run on create once the uid is set; and the kinds with a status subresource,
+        # whose PUT keeps the stored status (``mpijob_controller``, ``batch_jobs``).
+        self.custom_defaulters: dict[str, Callable[[Obj], None]] = {}
+        self.status_subresources: set[str] = set()
 
     # --- server ---------------------------------------------------------------------------
 
@@ -527,6 +533,8 @@ class KubeDouble:
             )
             body.setdefault("apiVersion", "v1")
             body.setdefault("kind", self.kind_of(plural))
+            if plural in self.custom_defaulters:
+                self.custom_defaulters[plural](body)
             if plural == "pods":
                 body["status"] = {"phase": "Pending", "qosClass": "Guaranteed"}
                 self.logs[(namespace, name)] = LogBuffer()
@@ -568,6 +576,10 @@ class KubeDouble:
             body.setdefault("kind", self.kind_of(plural))
             if plural == "pods":
                 body["status"] = copy.deepcopy(old.get("status", {}))
+            elif plural in self.status_subresources:  # status is written through /status only
+                body.pop("status", None)
+                if "status" in old:
+                    body["status"] = copy.deepcopy(old["status"])
             self._merge_string_data(plural, body)
             meta["resourceVersion"] = self._next_rv()
             self.objects[(plural, namespace, name)] = body
@@ -1346,7 +1358,8 @@ class KnobScript:
             yield f"[1,{i % 4}]<stdout>:line {i:08d} {time.time_ns()}"
 
     def __call__(self, pod: Obj) -> PodScript:
-        if "-master-" in pod["metadata"]["name"]:
+        name = pod["metadata"]["name"]
+        if "-master-" in name or "-launcher-" in name:  # an MPIJob's launcher plays the master
             return PodScript(lines=self._lines, exit_code=int(self.knobs["master_exit"]))
         return PodScript()
 

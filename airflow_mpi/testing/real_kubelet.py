@@ -73,9 +73,9 @@ class RealKubelet:
             double.update_pod_status(namespace, name, lambda p: _set_waiting(p, "CreateContainerConfigError", message))
             return
         env = {"PATH": self.path, "HOME": "/root", "LANG": "C.UTF-8", "USER": "root"}
-        env.update({e["name"]: e.get("value", "") for e in container.get("env") or []})
+        env.update({e["name"]: _env_value(pod, e) for e in container.get("env") or []})
         argv = [*(container.get("command") or []), *(container.get("args") or [])]
-        proc = sandbox.start(name, argv, env, mounts, subprocess.PIPE)
+        proc = sandbox.start(name, argv, env, mounts, subprocess.PIPE, hostname=spec.get("hostname"))
         double.update_pod_status(namespace, name, lambda p: _set_running(p, ready=False, ip=entry.ip))
         probe = (container.get("readinessProbe") or {}).get("tcpSocket")
         if probe:
@@ -195,3 +195,11 @@ def _tmpfs_size(quantity: str) -> str:
         if quantity.endswith(suffix):
             return quantity[: -len(suffix)] + unit
     return quantity
+
+
+def _env_value(pod: Obj, item: Obj) -> str:
+    """A container variable: its value, or the downward API's ``metadata.name``/``namespace``."""
+    field = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+    if field in ("metadata.name", "metadata.namespace"):
+        return str(pod["metadata"].get(field.split(".", 1)[1], ""))
+    return str(item.get("value", ""))

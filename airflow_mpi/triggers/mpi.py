@@ -253,7 +253,10 @@ class MPIJobTrigger(BaseTrigger):
         there was deleted; none there at all means the job, or its namespace, is gone."""
         if self.gang and (not table.pods or describe_group_wait(list(table.pods.values()))):
             return None  # a queued gang's pods may not exist yet: ``decide`` bounds that wait
-        missing = [name for name in self.roles if name not in table.pods]
+        # A pod a controller generated for an expected name (a launcher Job's) is that pod.
+        missing = [
+            name for name, role in self.roles.items() if name not in table.pods and not table.generated(name, role)
+        ]
         if missing and len(missing) == len(self.roles):
             return {
                 "status": STATUS_ERROR,

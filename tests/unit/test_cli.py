@@ -63,6 +63,22 @@ def test_render_for_the_volcano_backend(tmp_path: Path, capsys: pytest.CaptureFi
     assert objects[0]["spec"]["queue"] == "training" and "PRIVATE KEY" not in out
 
 
+def test_render_for_the_mpijob_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.yaml").write_text(SPEC + "scheduling: {queue: training}\n")
+    assert main(["render", str(tmp_path / "job.yaml"), "--backend", "mpijob", "--namespace", "ml"]) == 0
+    out = capsys.readouterr().out
+    objects = list(yaml.safe_load_all(out))
+    assert [(o["apiVersion"], o["kind"]) for o in objects] == [
+        ("kubeflow.org/v2beta1", "MPIJob"),
+        ("v1", "Secret"),
+        ("v1", "ConfigMap"),
+    ]
+    job = objects[0]["metadata"]["name"]
+    assert objects[0]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "training"
+    assert objects[1]["metadata"]["name"] == f"{job}-airflow-ssh" and "PRIVATE KEY" not in out
+    assert "/etc/airflow-mpi/config/launch.sh rank" in out.splitlines()[1]  # the launcher's command line
+
+
 def test_render_with_a_gang_setting_prints_the_pod_group_and_the_master_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -115,3 +115,29 @@ def test_watch_loop_backs_off_doubling_to_a_cap_and_a_finished_watch_resets_it()
     assert [loop.failed(gone=False) for _ in range(5)] == [0.2, 0.4, 0.8, 1.0, 1.0]
     loop.watch_ended()
     assert loop.failed(gone=False) == 0.2
+
+
+def _pod(name: str, role: str, created: str, phase: str = "Running") -> dict[str, object]:
+    labels = {"airflow-mpi.io/role": role}
+    return {"metadata": {"name": name, "labels": labels, "creationTimestamp": created}, "status": {"phase": phase}}
+
+
+def test_a_pod_a_controller_generated_for_an_expected_name_counts_as_it() -> None:
+    """A batch Job names its pod ``<job>-<random>``: the newest such pod of the expected role is
+    the expected pod (under the expected name, its own in the message); older ones drop out."""
+    loop = WatchLoop()
+    old = _pod("j-launcher-aaaaa", "master", "2026-01-01T00:00:01Z", "Failed")
+    new = _pod("j-launcher-bbbbb", "master", "2026-01-01T00:00:05Z", "Succeeded")
+    worker = _pod("j-worker-0", "worker", "2026-01-01T00:00:00Z")
+    loop.listed([old, new, worker], "1")
+    expected = {"j-launcher": Role.MASTER, "j-worker-0": Role.WORKER, "j-worker-1": Role.WORKER}
+    states = {state.name: state for state in loop.table.states(expected)}
+    assert set(states) == {"j-launcher", "j-worker-0", "j-worker-1"}
+    assert states["j-launcher"].phase is PodPhase.SUCCEEDED and "pod j-launcher-bbbbb" in states["j-launcher"].message
+    assert states["j-worker-1"].phase is PodPhase.PENDING  # not seen yet: not a generated pod
+    assert loop.table.generated("j-launcher", Role.MASTER) == ["j-launcher-aaaaa", "j-launcher-bbbbb"]
+    assert loop.table.generated("j-launcher", Role.WORKER) == []
+    # Once the generated pod is deleted, the expected one counts as deleted, not as pending.
+    loop.listed([worker], "2")
+    gone = {state.name: state for state in loop.table.states(expected)}["j-launcher"]
+    assert (gone.phase, gone.reason) == (PodPhase.FAILED, "Deleted")
