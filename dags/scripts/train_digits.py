@@ -9,7 +9,7 @@ Every epoch ends with a DeepSpeed checkpoint in ``<data>/checkpoints`` (every ra
 part), and a start loads the newest complete one and goes on from the next epoch: a retry of the
 task after a lost worker resumes instead of starting over. The data directory is the run's own,
 so a retry finds its own run's checkpoints and never another run's. Each epoch's sample order
-depends only on the seed, the rank and the epoch, so a resumed run trains on what an unbroken one
+depends only on ``--seed``, the rank and the epoch, so a resumed run trains on what an unbroken one
 would have.
 
 Rank 0 writes ``model.pt`` to the data directory and prints its metrics on a line starting
