@@ -18,6 +18,7 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.sensors.sshd"]}],
         "hooks": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.hooks.mpi"]}],
         "triggers": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.triggers.mpi"]}],
+        "task-decorators": [{"name": "mpi", "class-name": "airflow_mpi.decorators.mpi.mpi_task"}],
         "integrations": [
             {
                 "integration-name": "MPI",
