@@ -42,13 +42,15 @@ def test_task_mpi_failures_are_clear(dagbag: Any, capfd: pytest.CaptureFixture[s
 
 
 def test_mapped_sweep_runs_one_job_per_index(dagbag: Any) -> None:
-    started = time.monotonic()
-    single = dagbag.get_dag("mpi_test_taskflow_single").test()
-    one_job = time.monotonic() - started
-    assert task_states(single) == {"single": "success"}
-    started = time.monotonic()
-    dag_run = dagbag.get_dag("mpi_test_taskflow_mapped").test()
-    three_jobs = time.monotonic() - started
+    timings = []
+    for dag_id in ("mpi_test_taskflow_single", "mpi_test_taskflow_mapped", "mpi_test_taskflow_single"):
+        started = time.monotonic()  # the first run also warms up (imports, connection, DB)
+        run = dagbag.get_dag(dag_id).test()
+        timings.append(time.monotonic() - started)
+        if dag_id.endswith("single"):
+            assert task_states(run) == {"single": "success"}
+        else:
+            dag_run = run
     instances = task_instances(dag_run)
     assert set(instances) == {("sweep", 0), ("sweep", 1), ("sweep", 2)}
     assert all(state == "success" for state, _ in instances.values()), instances
@@ -56,4 +58,4 @@ def test_mapped_sweep_runs_one_job_per_index(dagbag: Any) -> None:
     assert [r["lr"] for r in results] == [0.1, 0.01, 0.001]
     assert all(r["np"] == 2 and re.fullmatch(r"sweep-[0-9a-f]{8}", r["job"]) for r in results), results
     assert len({r["job"] for r in results}) == 3
-    print(f"mapped sweep wall time: 1 job {one_job:.1f}s, 3 mapped jobs {three_jobs:.1f}s")
+    print(f"dag.test() wall time: 1 job {timings[2]:.1f}s (cold {timings[0]:.1f}s), 3 mapped jobs {timings[1]:.1f}s")

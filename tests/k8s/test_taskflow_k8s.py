@@ -8,12 +8,14 @@ import json
 import re
 from typing import Any
 
+import pytest
+
 from airflow_mpi.naming import LABEL_MAP_INDEX, LABEL_TASK_ID
 from airflow_mpi.taskflow import CALL_FILE, RUNNER_FILE
 from airflow_mpi.testing.apivalidation import validate_object
 from airflow_mpi.testing.kube_double import KubeDouble
 from tests.airflow_helpers import task_states, xcom
-from tests.k8s.conftest import job_objects
+from tests.k8s.conftest import install_connections, job_objects
 from tests.k8s.test_mapped_tasks import PLURAL, task_instances
 
 
@@ -27,7 +29,7 @@ def test_task_mpi_waiting_and_deferred(dagbag: Any, real_double: KubeDouble) -> 
     for body in config_maps:
         assert validate_object("configmaps", body) == []
         call = json.loads(body["data"][CALL_FILE])
-        assert call["args"] == [1.5] and call["kwargs"] == {"word": "salut"}  # the template, rendered
+        assert call["args"] == [1.5, "salut"] and call["kwargs"] == {}  # the template, rendered
         assert call["source"].startswith("def k8s_allreduce(") and "@task" not in call["source"]
         assert "def main()" in body["data"][RUNNER_FILE]
     assert job_objects(real_double) == []
@@ -51,4 +53,15 @@ def test_mapped_sweeps_run_one_job_per_map_index(dagbag: Any, real_double: KubeD
     bodies = [body for body in real_double.created if body.get("kind") in PLURAL]
     assert len(bodies) == 9 * (3 + 2)  # Service, Secret, ConfigMap and 2 pods per job
     assert all(validate_object(PLURAL[body["kind"]], body) == [] for body in bodies)
+    assert job_objects(real_double) == []
+
+
+@pytest.mark.slow
+def test_taskflow_example_on_kubernetes(dagbag: Any, real_double: KubeDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_connections(monkeypatch, real_double, mpi_conn_id="mpi_default")
+    dag_run = dagbag.get_dag("mpi_training_taskflow").test()
+    assert task_states(dag_run) == {"preprocess": "success", "train": "success", "evaluate": "success"}
+    assert xcom(dag_run, "evaluate") >= 0.85
+    assert xcom(dag_run, "train")["world_size"] == 3
+    assert real_double.request_count("POST", "/pods") == 3
     assert job_objects(real_double) == []
