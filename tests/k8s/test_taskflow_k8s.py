@@ -65,3 +65,12 @@ def test_taskflow_example_on_kubernetes(dagbag: Any, real_double: KubeDouble, mo
     assert xcom(dag_run, "train")["world_size"] == 3
     assert real_double.request_count("POST", "/pods") == 3
     assert job_objects(real_double) == []
+
+
+def test_an_oversize_argument_creates_nothing(
+    dagbag: Any, double: KubeDouble, connections: None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    dag_run = dagbag.get_dag("mpi_test_taskflow_k8s_too_big").test()
+    assert task_states(dag_run) == {"k8s_too_big": "failed"}
+    assert "argument blob 1200002 bytes" in capfd.readouterr().out
+    assert double.created == []  # refused before the first request

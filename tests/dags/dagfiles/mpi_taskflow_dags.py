@@ -122,3 +122,11 @@ with DAG("mpi_test_mapped_k8s", schedule=None, start_date=START, catchup=False):
         return {"lr": lr, "job": job, "np": int(os.environ["OMPI_COMM_WORLD_SIZE"])}
 
     k8s_sweep.expand(lr=[0.1, 0.01, 0.001])
+
+with DAG("mpi_test_taskflow_k8s_too_big", schedule=None, start_date=START, catchup=False):
+
+    @task.mpi(python=PY, mpi_conn_id="mpi_k8s", retries=0, **K8S)
+    def k8s_too_big(blob: str) -> int:
+        return len(blob)
+
+    k8s_too_big("x" * 1_200_000)
