@@ -26,9 +26,15 @@ def test_task_mpi_runs_on_every_rank_with_resolved_arguments(dagbag: Any, capfd:
 
 
 def test_task_mpi_failures_are_clear(dagbag: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
     dag_run = dagbag.get_dag("mpi_test_taskflow_failures").test()
-    assert task_states(dag_run) == dict.fromkeys(("rank_raises", "returns_a_set", "takes_too_much"), "failed")
+    took = time.monotonic() - started
+    tasks = ("rank_raises", "raises_in_collective", "returns_a_set", "takes_too_much")
+    assert task_states(dag_run) == dict.fromkeys(tasks, "failed")
+    assert took < 120  # the rank that raised in a collective aborted the job, not its timeout
     out = capfd.readouterr().out
+    collective = out[out.index("MPI job raises-in-collective-") :]
+    assert "RuntimeError: rank 1 gives up" in collective, collective[:3000]
     # The raising rank's traceback, as the failure's "last lines of rank 1".
     assert re.search(r"rank 1 on pod rank-raises-[0-9a-f]{8}-worker-0 exited with code 1", out), out[-4000:]
     failure = out[out.index("last lines of rank 1") :]

@@ -51,7 +51,17 @@ with DAG("mpi_test_taskflow_failures", schedule=None, start_date=START, catchup=
     def takes_too_much(blob: str) -> int:
         return len(blob)
 
+    @task.mpi(workers={"replicas": 1}, python=PY, retries=0, timeout=120)
+    def raises_in_collective() -> None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        if comm.rank == 1:
+            raise RuntimeError("rank 1 gives up")
+        comm.barrier()  # rank 0 would wait here forever: the runner's MPI_Abort ends it
+
     rank_raises()
+    raises_in_collective()
     returns_a_set()
     takes_too_much("x" * 1_200_000)
 
