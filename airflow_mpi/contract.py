@@ -100,6 +100,13 @@ CONFIG_LAUNCH = "launch.sh"
 CONFIG_ARGS = "mpiexec.args"
 CONFIG_HOSTFILE = "hostfile"
 CONFIG_SITECUSTOMIZE = "sitecustomize.py"  # line-buffered Python ranks (on PYTHONPATH)
+# The names above are the product's own; a spec's ``files`` may not take them.
+CONFIG_OWN_FILES = frozenset({CONFIG_LAUNCH, CONFIG_ARGS, CONFIG_HOSTFILE, CONFIG_SITECUSTOMIZE})
+# Kubernetes stores a ConfigMap's data in at most 1 MiB. The product's own files take at most
+# CONFIG_OWN_RESERVE of it; a spec's ``files`` get the rest, on both backends alike.
+CONFIG_MAX_BYTES = 1024 * 1024
+CONFIG_OWN_RESERVE = 64 * 1024
+CONFIG_FILES_MAX_BYTES = CONFIG_MAX_BYTES - CONFIG_OWN_RESERVE
 SSH_CLIENT_KEY = "id_ed25519"
 SSH_CLIENT_PUB = "id_ed25519.pub"
 SSH_AUTHORIZED_KEYS = "authorized_keys"

@@ -19,6 +19,7 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.hooks.mpi"]}],
         "extra-links": ["airflow_mpi.operators.links.MPIJobLink"],
         "triggers": [{"integration-name": "MPI", "python-modules": ["airflow_mpi.triggers.mpi"]}],
+        "task-decorators": [{"name": "mpi", "class-name": "airflow_mpi.decorators.mpi.mpi_task"}],
         "integrations": [
             {
                 "integration-name": "MPI",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
+from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
 from airflow_mpi.naming import RunIdentity, build_host_name, build_job_labels, build_job_name, build_pod_labels
 from airflow_mpi.scripts import launch_script_text, rank_sitecustomize_text
@@ -103,6 +104,8 @@ def render_plan(
     }
     if spec.hosts_mode is HostsMode.HOSTFILE and not paths.controller_hostfile:
         config_files[contract.CONFIG_HOSTFILE] = render_hostfile(topology)
+    config_files.update(spec.files)  # validated: never one of the product's own names
+    _check_config_size(config_files)
     return JobPlan(
         spec=spec,
         identity=identity,
@@ -115,6 +118,24 @@ def render_plan(
         mpiexec_argv=tuple(build_mpiexec_argv(spec, topology, paths)),
         paths=paths,
     )
+
+
+def _check_config_size(config_files: Mapping[str, str]) -> None:
+    """The whole config directory fits one ConfigMap (a hostfile of very many workers and large
+    ``files`` together may not), on both backends alike: refused before anything is created."""
+    total = sum(len(text.encode("utf-8", "surrogatepass")) for text in config_files.values())
+    if total > contract.CONFIG_MAX_BYTES:
+        sizes = ", ".join(f"{name} {len(text.encode('utf-8', 'surrogatepass'))}" for name, text in config_files.items())
+        raise SpecError(
+            [
+                SpecIssue(
+                    "files",
+                    f"the job's config directory would hold {total} bytes ({sizes}), over the "
+                    f"{contract.CONFIG_MAX_BYTES} bytes of one ConfigMap",
+                    "make files smaller (pass large inputs as a path or URI on a volume) or use fewer workers",
+                )
+            ]
+        )
 
 
 def _pod_plan(

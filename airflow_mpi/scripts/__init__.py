@@ -17,3 +17,9 @@ def launch_script_text() -> str:
 def rank_sitecustomize_text() -> str:
     """Python ranks load it first: line-buffered stdout/stderr (whole lines in the log)."""
     return files(__package__).joinpath("sitecustomize.py").read_text(encoding="utf-8")
+
+
+@cache
+def taskflow_runner_text() -> str:
+    """The runner a @task.mpi job's ranks start: it calls the shipped function (stdlib only)."""
+    return files(__package__).joinpath("taskflow_runner.py").read_text(encoding="utf-8")

@@ -491,6 +491,12 @@ run_rank() {
   local -a pods pre
   (($#)) || die "rank: no command given"
   [[ -n "${OMPI_COMM_WORLD_RANK:-}" ]] || die "rank: not started by mpiexec (OMPI_COMM_WORLD_RANK is unset)"
+  # Ranks start through ssh, without the pod's env: unless told, the config directory is the
+  # one this script was run from (mpiexec runs <config dir>/launch.sh rank on every backend).
+  if [[ -z "${AIRFLOW_MPI_CONFIG_DIR:-}" && -f "${BASH_SOURCE[0]}" ]]; then
+    CONFIG_DIR="$(dirname -- "${BASH_SOURCE[0]}")"
+  fi
+  export AIRFLOW_MPI_CONFIG_DIR="$CONFIG_DIR" # the job's files (the spec's `files`), for the rank
   # First thing, one line: the runner checks that every rank starts, on the pod the plan says
   # (docs/contract.md#rank-start), and folds these lines into one.
   printf 'AIRFLOW_MPI_RANK_START rank=%s size=%s host=%s\n' "$OMPI_COMM_WORLD_RANK" "${OMPI_COMM_WORLD_SIZE:-}" "$me"

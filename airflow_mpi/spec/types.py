@@ -169,6 +169,9 @@ class MPIJobSpec:
     ssh_port: int = 22
     pod: PodSettings = field(default_factory=PodSettings)
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    # Small text files shipped in the job's config directory (/etc/mpi, the ConfigMap): e.g. the
+    # source and arguments of a @task.mpi function (docs/contract.md#pod-paths).
+    files: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Accept lists where tuples are declared, so Python callers can write plain literals.

@@ -17,6 +17,7 @@ from airflow_mpi.contract import (
 )
 from airflow_mpi.exceptions import SpecIssue
 from airflow_mpi.spec.command_validation import check_command
+from airflow_mpi.spec.files_validation import check_files
 from airflow_mpi.spec.formats import (
     CONTROL,
     DNS_LABEL,
@@ -57,6 +58,7 @@ def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) ->
         check_pod,
         check_run_as,
         check_scheduling,
+        check_files,
     )
     issues: list[SpecIssue] = []
     for check in checks:

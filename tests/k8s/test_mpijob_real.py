@@ -73,3 +73,40 @@ def test_a_real_job_runs_as_an_mpijob(real_double: KubeDouble, mount_points: Non
         assert left == []
     finally:
         controller.stop()
+
+
+TASKFLOW_FUNCTION = [
+    "def train(scale):\n",
+    "    from mpi4py import MPI\n",
+    "    comm = MPI.COMM_WORLD\n",
+    "    return {'sum': comm.allreduce((comm.rank + 1) * scale), 'size': comm.size}\n",
+]
+
+
+def test_a_taskflow_function_runs_as_an_mpijob(real_double: KubeDouble, mount_points: None) -> None:
+    """@task.mpi's command names no path: the runner is found in our config directory, which the
+    MPIJob backend mounts off the controller's /etc/mpi."""
+    from airflow_mpi.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
+
+    controller = MPIJobController(real_double, cluster_domain="cluster.local")
+    try:
+        backend = MPIJobBackend(api_client=api_client_for(real_double), namespace="default")
+        call = FunctionCall(function_source("train", TASKFLOW_FUNCTION, 1, "/dags/tf.py"), [10], {}, ["scale"])
+        spec = MPIJobSpec.from_dict(
+            {
+                "name": "mjtf",
+                "image": "registry.example/airflow-mpi-train:0.1",
+                "command": runner_command(sys.executable),
+                "files": build_taskflow_files(call),
+                "workers": {"replicas": 1},
+                "startup_timeout": 60,
+                "timeout": 120,
+            }
+        )
+        plan = backend.render_plan(spec, RunIdentity("mdag", "train", unique("tf")))
+        assert plan.paths.config_dir != "/etc/mpi"
+        log: list[str] = []
+        result = JobRunner(backend, plan, log.append).run()
+        assert result.exit_code == 0 and result.result == {"sum": 30, "size": 2}, log
+    finally:
+        controller.stop()
