@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("spec")
     validate.set_defaults(func=cmd_validate)
 
-    run = commands.add_parser("run", help="run the job (local backend, or --backend kubernetes), output streamed")
+    run = commands.add_parser("run", help="run the job (local backend, or on a cluster), output streamed")
     add_spec_args(run)
     run.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
     run.add_argument(
