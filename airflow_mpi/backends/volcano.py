@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 
 from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend, Obj
@@ -126,4 +127,12 @@ class VolcanoBackend(KubernetesBackend):
         return self.custom.get(namespace, VOLCANO_JOB, job_name) is not None
 
     def job_pod_states(self, pods: list[Obj]) -> list[PodState]:
-        return without_policy_kills(super().job_pod_states(pods))
+        """Without the pods Volcano's policy is deleting once one pod ended by itself (a listed
+        pod being deleted counts as deleted, as the watch sees it a moment later)."""
+        states = super().job_pod_states(pods)
+        return without_policy_kills(
+            [
+                replace(state, reason="Deleted") if pod["metadata"].get("deletionTimestamp") else state
+                for pod, state in zip(pods, states, strict=True)
+            ]
+        )

@@ -6,6 +6,7 @@ through its own top object until nothing of it is left, and collected by the sam
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from airflow_mpi.backends.cluster import Cluster
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.backends.mpijob import MPIJobBackend
 from airflow_mpi.backends.volcano import VolcanoBackend
@@ -173,6 +175,8 @@ def test_jobs_lists_every_backends_jobs_with_the_backend_that_made_each(cli: Cli
     # The columns line up: every row's backend starts where the header's BACKEND does.
     column = header.index("BACKEND")
     assert all(row[column:].split()[0] in ("pods", "volcano", "mpijob") for row in rows)
+    code, out, _ = cli("jobs", "--json")
+    assert {job["name"]: job["backend"] for job in json.loads(out)} == {name: row[8] for name, row in table.items()}
 
 
 def test_logs_read_and_follow_a_volcano_jobs_master_and_an_mpijobs_launcher(cli: Cli, jobs: Jobs) -> None:
@@ -298,3 +302,36 @@ def test_an_mpijobs_newest_launcher_pod_decides_its_phase() -> None:
     assert [(s.name, s.phase.value) for s in states] == [(new["metadata"]["name"], "Running")]
     assert len(KubernetesBackend(api_client=object()).job_pod_states([old, new])) == 2
     assert pod_state_from_k8s(old).phase.value == "Failed"
+
+
+def test_each_backend_claims_its_jobs_objects_by_their_owner() -> None:
+    """Our Secret (or a pod) says which backend made the job; an unowned Secret is an MPIJob's
+    (that backend alone creates it before its owner)."""
+
+    def owned_by(api_version: str, kind: str) -> dict[str, Any]:
+        return {"metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "j"}]}}
+
+    cluster = Cluster(KubernetesBackend(api_client=object()), NS)
+    assert [
+        cluster.kind_of(obj)
+        for obj in (
+            owned_by("v1", "Service"),
+            owned_by("batch.volcano.sh/v1alpha1", "Job"),
+            owned_by("kubeflow.org/v2beta1", "MPIJob"),
+            owned_by("batch/v1", "Job"),  # the launcher pod, owned by the operator's batch Job
+            {"metadata": {}},
+        )
+    ] == ["pods", "volcano", "mpijob", "mpijob", "mpijob"]
+
+
+def test_a_volcano_jobs_workers_its_policy_is_deleting_do_not_count() -> None:
+    def pod(role: str, phase: str, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": f"v-0123abcd-{role}-0", "labels": {"airflow-mpi.io/role": role}}
+        if deleting:
+            meta["deletionTimestamp"] = "2027-01-15T06:00:00Z"
+        return {"metadata": meta, "status": {"phase": phase, "containerStatuses": [{"state": {"running": {}}}]}}
+
+    master, worker = pod("master", "Succeeded"), pod("worker", "Running", deleting=True)
+    backend = VolcanoBackend(api_client=object(), namespace=NS)
+    assert [state.name for state in backend.job_pod_states([master, worker])] == [master["metadata"]["name"]]
+    assert len(backend.job_pod_states([pod("master", "Running"), pod("worker", "Running")])) == 2
