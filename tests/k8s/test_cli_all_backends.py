@@ -7,6 +7,10 @@ through its own top object until nothing of it is left, and collected by the sam
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -33,6 +37,7 @@ from tests.k8s.conftest import Scripts, api_client_for, install_connections
 from tests.k8s.test_gang import _crd_validator
 
 NS = "default"
+REPO = Path(__file__).resolve().parents[2]
 KINDS: dict[str, type[KubernetesBackend]] = {
     "pods": KubernetesBackend,
     "volcano": VolcanoBackend,
@@ -269,6 +274,38 @@ def test_run_on_volcano_or_mpijob_streams_the_log_and_exits_with_the_jobs_code(
     assert code == 3, err
     assert "[1,0]<stdout>:epoch 1" in out and "[1,1]<stderr>:boom" in out
     assert "exit code 3" in err and "Traceback" not in err
+    assert everything(kube) == []
+
+
+@pytest.mark.parametrize("kind", ["volcano", "mpijob"])
+def test_run_on_volcano_or_mpijob_interrupted_deletes_the_job_and_what_its_controller_made(
+    kube: KubeDouble, scripts: Scripts, tmp_path: Path, kind: str
+) -> None:
+    scripts.on("-launcher-" if kind == "mpijob" else "-master-", forever("epoch 1"))
+    job = {"name": "clijob", "image": "registry.example/train:1", "command": ["python"], "workers": {"replicas": 2}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kube.kubeconfig()))
+    command = [sys.executable, "-m", "airflow_mpi.cli", "run", str(tmp_path / "job.yaml"), "--backend", kind]
+    proc = subprocess.Popen(
+        [*command, "--kubeconfig", str(tmp_path / "kubeconfig")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while "epoch 1" not in proc.stdout.readline() and time.monotonic() < deadline:
+            pass
+        assert everything(kube)  # running
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted; job clijob-" in err and "Traceback" not in err
     assert everything(kube) == []
 
 
