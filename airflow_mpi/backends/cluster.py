@@ -79,7 +79,7 @@ class Cluster:
 
 def list_jobs(backend: KubernetesBackend, namespace: str, now: float | None = None) -> list[JobRow]:
     """Every job of this product in the namespace, whichever backend made it, oldest first (two
-    list requests: our Secrets, one a job, and our pods)."""
+    list requests: our Secrets, one per job, and our pods)."""
     now = time.time() if now is None else now
     cluster = Cluster(backend, namespace)
     secrets = backend._list(namespace, "secrets", MANAGED_SELECTOR)
