@@ -4,7 +4,7 @@ airflow-mpi render SPEC.yaml [--backend kubernetes|volcano|mpijob] [--run-id ID]
     [--show-secrets] [--json]
 airflow-mpi validate SPEC.yaml
 airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
-airflow-mpi run SPEC.yaml --backend kubernetes [--kubeconfig F | --conn-id ID]  (on a cluster)
+airflow-mpi run SPEC.yaml --backend kubernetes|volcano|mpijob [--kubeconfig F | --conn-id ID]  (on a cluster)
 airflow-mpi jobs | logs JOB [-f] | delete JOB | gc --older-than D [--yes]  (jobs on a cluster: cli_cluster)
 airflow-mpi doctor [--local | --image IMAGE] (can this machine, or this image, run a job's pods?)
 """
@@ -139,10 +139,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     backend = None
-    if args.backend == "kubernetes":
+    if args.backend != "local":
         from airflow_mpi.cli_cluster import cluster_backend
 
-        backend, _ = cluster_backend(args)
+        backend, _ = cluster_backend(args, args.backend)
     return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir, backend=backend)
 
 
@@ -155,11 +155,10 @@ def run_job_from_cli(
     import signal
 
     from airflow_mpi.backends.local import LocalBackend
-    from airflow_mpi.plan import render_plan
-    from airflow_mpi.runner import JobRunner
+    from airflow_mpi.runner import JobRunner, plan_for
 
-    plan = render_plan(spec, identity)
     backend = backend if backend is not None else LocalBackend(state_dir=state_dir)
+    plan = plan_for(backend, spec, identity)  # an MPIJob's controller names its master
 
     def emit(text: str) -> None:
         sys.stdout.write(text + "\n")
@@ -291,13 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("spec")
     validate.set_defaults(func=cmd_validate)
 
-    run = commands.add_parser("run", help="run the job (local backend, or --backend kubernetes), output streamed")
+    run = commands.add_parser("run", help="run the job (local backend, or on a cluster), output streamed")
     add_spec_args(run)
     run.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
     run.add_argument(
-        "--backend", choices=("local", "kubernetes"), default="local", help="where the job runs (default: local)"
+        "--backend",
+        choices=("local", "kubernetes", "volcano", "mpijob"),
+        default="local",
+        help="where the job runs (default: local; the others on a cluster)",
     )
-    add_cluster_args(run)  # --backend kubernetes: which cluster
+    add_cluster_args(run)  # --backend kubernetes|volcano|mpijob: which cluster
     run.set_defaults(func=cmd_run)
 
     doctor = commands.add_parser(

@@ -1,14 +1,16 @@
 """``airflow-mpi`` commands for jobs on a Kubernetes cluster, outside Airflow.
 
-airflow-mpi jobs [--json]                       the jobs in a namespace: identity, phase, age, pods ready
+airflow-mpi jobs [--json]                       the jobs in a namespace: identity, phase, age, pods ready, backend
 airflow-mpi logs JOB [-f]                       the master's log (-f: follow it live)
 airflow-mpi delete JOB                          delete a job and wait until nothing of it is left
 airflow-mpi gc --older-than DURATION [--yes]    remove finished or abandoned jobs (dry run by default)
-airflow-mpi run SPEC --backend kubernetes       (in ``cli``) submit, stream, exit with the job's code
+airflow-mpi run SPEC --backend kubernetes|volcano|mpijob   (in ``cli``) submit, stream, exit with the job's code
 
 Each takes the cluster as kubectl does (``--kubeconfig``, ``--context``, ``--namespace``) or as
 Airflow does (``--conn-id``: an ``mpi`` or a Kubernetes connection, read through Airflow's
-connection machinery), and uses the Kubernetes backend's own requests and error messages.
+connection machinery), and uses the Kubernetes backend's own requests and error messages. A job
+of any Kubernetes backend (plain pods, a Volcano Job, an MPIJob) is listed, logged, deleted and
+collected through the code of the backend that made it.
 """
 
 from __future__ import annotations
@@ -50,15 +52,34 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def cluster_backend(args: argparse.Namespace) -> tuple[KubernetesBackend, str]:
-    """The backend for the cluster the arguments name, and the namespace to work in."""
+CLUSTER_BACKENDS = ("kubernetes", "volcano", "mpijob")  # `run --backend` and an mpi connection's extra
+
+
+def cluster_backend(args: argparse.Namespace, kind: str = "kubernetes") -> tuple[KubernetesBackend, str]:
+    """The backend (``kind``: kubernetes, volcano or mpijob) for the cluster the arguments name,
+    and the namespace to work in."""
     if args.conn_id:
         if args.kubeconfig or args.context:
             raise BackendUnavailable("give either --conn-id or --kubeconfig/--context, not both")
         backend = _backend_from_connection(args.conn_id, args.namespace, args.api_timeout)
     else:
         backend = _backend_from_kubeconfig(args.kubeconfig, args.context, args.namespace, args.api_timeout)
-    return backend, backend.namespace_for(MPIJobSpec(name="cli", command=("true",)))
+    namespace = backend.namespace_for(MPIJobSpec(name="cli", command=("true",)))
+    if kind != "kubernetes":
+        backend = _backend_class(kind)(
+            kubernetes_conn_id=backend.kubernetes_conn_id,
+            namespace=namespace,
+            api_client=backend.api_client,
+            api_timeout=backend.api_timeout,
+        )
+    return backend, namespace
+
+
+def _backend_class(kind: str) -> type[KubernetesBackend]:
+    from airflow_mpi.backends.mpijob import MPIJobBackend
+    from airflow_mpi.backends.volcano import VolcanoBackend
+
+    return {"volcano": VolcanoBackend, "mpijob": MPIJobBackend}[kind]
 
 
 def _backend_from_kubeconfig(
@@ -101,10 +122,10 @@ def _backend_from_connection(conn_id: str, namespace: str | None, api_timeout: f
     if connection.conn_type != "mpi":  # a Kubernetes connection itself
         return KubernetesBackend(kubernetes_conn_id=conn_id, namespace=namespace, api_timeout=api_timeout)
     extras = hook.connection_extras()
-    if (extras.get("backend") or "local") != "kubernetes":
+    if (extras.get("backend") or "local") not in CLUSTER_BACKENDS:
         raise BackendUnavailable(
             f"connection {conn_id!r} uses the {extras.get('backend') or 'local'} backend: the cluster commands need "
-            "one whose extra 'backend' is 'kubernetes', or a Kubernetes connection"
+            "one whose extra 'backend' is 'kubernetes', 'volcano' or 'mpijob', or a Kubernetes connection"
         )
     return KubernetesBackend(
         kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
@@ -119,7 +140,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     backend, namespace = cluster_backend(args)
     rows = list_jobs(backend, namespace)
     if args.json:
-        fields = ("name", "dag_id", "task_id", "run_id", "try_number", "phase", "ready", "age_s", "why")
+        fields = ("name", "dag_id", "task_id", "run_id", "try_number", "phase", "ready", "age_s", "why", "backend")
         json.dump([{f: getattr(row, f) for f in fields} for row in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif not rows:
@@ -130,7 +151,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from airflow_mpi.backends.cluster import plain_line, read_master_log
+    from airflow_mpi.backends.cluster import follow_master_log, plain_line, read_master_log
 
     backend, namespace = cluster_backend(args)
     if not args.follow:
@@ -138,7 +159,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print(line)
         return 0
     try:
-        for batch in backend.follow_master(args.job):
+        for batch in follow_master_log(backend, args.job, namespace):
             for line in batch:
                 if isinstance(line, PartialLine):
                     continue  # a line still being rewritten (a progress bar): its final state follows
@@ -146,8 +167,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     except KeyboardInterrupt:
         return 130  # the job is not this command's: it goes on
-    finally:
-        backend.release(args.job)
     return 0
 
 

@@ -1,9 +1,10 @@
 """The jobs in a namespace as ``airflow-mpi jobs`` and ``gc`` show them, from their objects alone.
 
 The CLI may not reach Airflow's database, so everything here comes from what the cluster holds:
-the job's Service (its labels and annotations name the run identity; its creation time is the
-job's age) and its pods (the phase, how many are ready). ``gc_verdict`` decides from the same
-facts whether a job is finished or abandoned and may go, and says why.
+the job's Secret, which every Kubernetes backend creates (its labels and annotations name the run
+identity; its creation time is the job's age), and its pods' states as the job's backend reads
+them (the phase, how many are ready). ``gc_verdict`` decides from the same facts whether a job is
+finished or abandoned and may go, and says why, whichever backend made it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from airflow_mpi.spec import Role
 from airflow_mpi.status import FATAL_WAITING_REASONS, PodPhase, PodState, pod_state_from_k8s
 
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
-COLUMNS = ("NAME", "DAG", "TASK", "RUN", "TRY", "PHASE", "AGE", "READY")
+COLUMNS = ("NAME", "DAG", "TASK", "RUN", "TRY", "PHASE", "AGE", "READY", "BACKEND")
 _DURATION_PART = re.compile(r"(\d+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -47,6 +48,7 @@ class JobRow:
     pods: int
     age_s: float
     why: str  # the phase in words: which pod ended how, what is missing
+    backend: str = "pods"  # what made the pods: pods (plain pods), volcano (a Volcano Job), mpijob
 
     @property
     def ready(self) -> str:
@@ -62,17 +64,26 @@ class JobRow:
             self.phase,
             format_age(self.age_s),
             self.ready,
+            self.backend,
         )
 
 
-def summarize_job(service: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float) -> JobRow:
-    """A job's row from its Service and its pods (plain JSON, as the API returns them)."""
-    meta = service.get("metadata") or {}
+def summarize_job(
+    anchor: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    now: float,
+    *,
+    states: Sequence[PodState] | None = None,
+    backend: str = "pods",
+) -> JobRow:
+    """A job's row from the object its identity is read from (its Secret; plain JSON, as the API
+    returns it) and its pods, or the states its backend made of them."""
+    meta = anchor.get("metadata") or {}
     labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
     task = notes.get(f"{LABEL_PREFIX}/task-id") or labels.get(LABEL_TASK_ID, "")
     if labels.get(LABEL_MAP_INDEX):
         task = f"{task}[{labels[LABEL_MAP_INDEX]}]"
-    states = [pod_state_from_k8s(pod) for pod in pods]
+    states = [pod_state_from_k8s(pod) for pod in pods] if states is None else list(states)
     phase, why = job_phase(states, deleting=bool(meta.get("deletionTimestamp")))
     created = parse_timestamp(meta.get("creationTimestamp"))
     return JobRow(
@@ -86,6 +97,7 @@ def summarize_job(service: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
         pods=len(states),
         age_s=max(0.0, now - created) if created is not None else 0.0,
         why=why,
+        backend=backend,
     )
 
 
@@ -93,7 +105,7 @@ def job_phase(states: Sequence[PodState], *, deleting: bool = False) -> tuple[st
     """(phase, why): Deleting, NoPods, Succeeded, Failed, Running, Starting (workers, no master
     yet) or Pending, the master's end deciding over the workers' (they are stopped after it)."""
     if deleting:
-        return "Deleting", "its Service is being deleted"
+        return "Deleting", "it is being deleted"
     if not states:
         return "NoPods", "no pods: its task is gone (the job was never started or its pods were removed)"
     master = next((s for s in states if s.role is Role.MASTER), None)

@@ -2,6 +2,11 @@
 delete one and wait until it is gone, and check that the API answers and allows what the backend
 needs. Built on ``KubernetesBackend``'s own bounded requests and error translation, so a refusal
 or an unreachable API reads the same here as during a run.
+
+A job may have been made by any Kubernetes backend: plain pods (our Service owns everything), a
+Volcano Job or an MPIJob (its controller makes the pods). Every one creates our Secret with our
+labels, owned by its top object: that owner says which backend's own code reads the job's pods,
+finds its master pod and deletes it.
 """
 
 from __future__ import annotations
@@ -9,47 +14,94 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Iterator
 
 from airflow_mpi import contract
 from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, explain, translate
-from airflow_mpi.backends.kubernetes import KubernetesBackend
+from airflow_mpi.backends.kubernetes import KubernetesBackend, Obj
+from airflow_mpi.backends.mpijob import MPIJobBackend
+from airflow_mpi.backends.volcano import VolcanoBackend
 from airflow_mpi.exceptions import BackendError, JobNotFound
 from airflow_mpi.jobtable import MANAGED_SELECTOR, JobRow, summarize_job
 from airflow_mpi.logstream import split_tag
-from airflow_mpi.naming import LABEL_JOB, build_pod_name, job_selector
+from airflow_mpi.naming import LABEL_JOB, job_selector
 from airflow_mpi.podlog import PartialLine, RankLineSplitter
-from airflow_mpi.spec import Role
 
-JOB_PLURALS = ("services", "secrets", "configmaps", "pods")
+JOB_PLURALS = ("secrets", "configmaps", "pods")  # what every backend's job has with our job label
+CORE_KINDS = {"service": "services", "secret": "secrets", "configmap": "configmaps", "pod": "pods"}
 DELETE_WAIT = 60.0  # seconds for the garbage collector to take a deleted job's objects
 CHECK_TIMEOUT = (5.0, 10.0)  # (connect, read) seconds of each request of a connection test
+# The backends a job on a cluster may come from, most specific owner first, and the name the
+# BACKEND column gives each.
+KINDS: tuple[tuple[str, type[KubernetesBackend]], ...] = (
+    ("volcano", VolcanoBackend),
+    ("mpijob", MPIJobBackend),
+    ("pods", KubernetesBackend),
+)
+
+
+class Cluster:
+    """One backend of each kind on the same API client and namespace (and the same bounds)."""
+
+    def __init__(self, backend: KubernetesBackend, namespace: str) -> None:
+        self.namespace = namespace
+        self.base = backend
+        self.kinds = {
+            kind: cls(
+                kubernetes_conn_id=backend.kubernetes_conn_id,
+                namespace=namespace,
+                api_client=backend.api_client,
+                api_timeout=backend.api_timeout,
+            )
+            for kind, cls in KINDS
+        }
+
+    def kind_of(self, obj: Obj) -> str:
+        """Which backend made the job ``obj`` (our Secret, a pod) belongs to, by its owner."""
+        return next((kind for kind, cls in KINDS if cls.owns(obj)), "pods")
+
+    def backend_for(self, job_name: str) -> tuple[str, KubernetesBackend]:
+        """The kind and backend of a job: from its own objects, else from its top object alone
+        (the others may be gone already); ``JobNotFound`` if nothing of it is there."""
+        for plural in JOB_PLURALS:
+            found = self.base._list(self.namespace, plural, job_selector(job_name))
+            if found:
+                kind = self.kind_of(found[0])
+                return kind, self.kinds[kind]
+        for kind in ("pods", "volcano", "mpijob"):  # a Service first: every cluster has the kind
+            if self.kinds[kind].job_exists(job_name, self.namespace):
+                return kind, self.kinds[kind]
+        raise JobNotFound(
+            f"no job {job_name} in namespace {self.namespace}: `airflow-mpi jobs --namespace {self.namespace}` "
+            "lists the jobs there"
+        )
 
 
 def list_jobs(backend: KubernetesBackend, namespace: str, now: float | None = None) -> list[JobRow]:
-    """Every job of this product in the namespace, oldest first (two list requests)."""
+    """Every job of this product in the namespace, whichever backend made it, oldest first (two
+    list requests: our Secrets, one per job, and our pods)."""
     now = time.time() if now is None else now
-    services = backend._list(namespace, "services", MANAGED_SELECTOR)
-    pods: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    cluster = Cluster(backend, namespace)
+    secrets = backend._list(namespace, "secrets", MANAGED_SELECTOR)
+    pods: dict[str, list[Obj]] = defaultdict(list)
     for pod in backend._list(namespace, "pods", MANAGED_SELECTOR):
         pods[(pod["metadata"].get("labels") or {}).get(LABEL_JOB, "")].append(pod)
-    rows = [summarize_job(service, pods.get(service["metadata"]["name"], []), now) for service in services]
-    return sorted(rows, key=lambda row: (-row.age_s, row.name))
-
-
-def job_objects(backend: KubernetesBackend, job_name: str, namespace: str) -> list[str]:
-    """``kind/name`` of each object of the job still there."""
-    selector = job_selector(job_name)
-    return [
-        f"{plural[:-1]}/{o['metadata']['name']}"
-        for plural in JOB_PLURALS
-        for o in backend._list(namespace, plural, selector)
-    ]
+    rows: dict[str, JobRow] = {}
+    for secret in secrets:
+        name = (secret["metadata"].get("labels") or {}).get(LABEL_JOB, "")
+        if not name or name in rows:
+            continue
+        kind = cluster.kind_of(secret)
+        states = cluster.kinds[kind].job_pod_states(pods.get(name, []))
+        rows[name] = summarize_job(secret, pods.get(name, []), now, states=states, backend=kind)
+    return sorted(rows.values(), key=lambda row: (-row.age_s, row.name))
 
 
 def read_master_log(backend: KubernetesBackend, job_name: str, namespace: str) -> list[str]:
-    """The master's log as it is now, each rank's lines reassembled (as ``run`` shows them)."""
-    master = build_pod_name(job_name, Role.MASTER, 0)
+    """The master's log as it is now (the job's backend says which pod that is: an MPIJob's is
+    its newest launcher pod), each rank's lines reassembled (as ``run`` shows them)."""
+    _, backend = Cluster(backend, namespace).backend_for(job_name)
+    master = backend.master_pod_name(job_name, namespace)
     request = ApiRequest("get", "pods/log", namespace, master)
     try:
         response = backend._send(
@@ -61,12 +113,20 @@ def read_master_log(backend: KubernetesBackend, job_name: str, namespace: str) -
         raise
     except Exception as error:
         if api_status(error) == NOT_FOUND:
-            _require_job(backend, job_name, namespace)
             raise JobNotFound(f"job {job_name} has no master pod (yet): nothing logged") from None
         raise translate(error, request, backend.api_url) from error
     splitter = RankLineSplitter()
     lines = splitter.feed(response.data) + splitter.flush()
     return [plain_line(line) for line in lines if not isinstance(line, PartialLine)]
+
+
+def follow_master_log(backend: KubernetesBackend, job_name: str, namespace: str) -> Iterator[list[str]]:
+    """The master's log live, through the job's own backend (which pod, resumed after drops)."""
+    _, backend = Cluster(backend, namespace).backend_for(job_name)
+    try:
+        yield from backend.follow_master(job_name)
+    finally:
+        backend.release(job_name)
 
 
 def plain_line(line: str) -> str:
@@ -76,15 +136,15 @@ def plain_line(line: str) -> str:
 
 
 def delete_job(backend: KubernetesBackend, job_name: str, namespace: str, wait: float = DELETE_WAIT) -> list[str]:
-    """Delete the job (its Service; the garbage collector takes the rest) and wait until nothing
-    of it is left; what the collector has not taken by then is deleted directly. Returns what is
-    still there after that (empty on success); ``JobNotFound`` if there was no such job."""
-    if not _require_job(backend, job_name, namespace):
-        return []
+    """Delete the job through its backend's own teardown (its Service, Volcano Job or MPIJob: the
+    rest goes with it) and wait until that backend finds nothing of it left; what is left of our
+    own kinds by then is deleted directly. Returns what is still there after that (empty on
+    success); ``JobNotFound`` if there was no such job."""
+    _, backend = Cluster(backend, namespace).backend_for(job_name)
     backend.teardown(job_name, namespace)
     deadline = time.monotonic() + wait
     while True:
-        left = job_objects(backend, job_name, namespace)
+        left = backend.leftovers(job_name)
         if not left:
             return []
         if time.monotonic() >= deadline:
@@ -92,20 +152,10 @@ def delete_job(backend: KubernetesBackend, job_name: str, namespace: str, wait: 
         time.sleep(0.3)
     since = time.monotonic()
     for item in left:  # the collector is slow or off
-        kind, name = item.split("/", 1)
-        backend._delete(namespace, f"{kind}s", name, since)
-    return job_objects(backend, job_name, namespace)
-
-
-def _require_job(backend: KubernetesBackend, job_name: str, namespace: str) -> bool:
-    """True if the job's Service is there; False if only dependents are; else ``JobNotFound``."""
-    if backend._read(namespace, "services", job_name) is not None:
-        return True
-    if job_objects(backend, job_name, namespace):
-        return False
-    raise JobNotFound(
-        f"no job {job_name} in namespace {namespace}: `airflow-mpi jobs --namespace {namespace}` lists the jobs there"
-    )
+        kind, _, name = item.partition(" ")
+        if kind in CORE_KINDS:
+            backend._delete(namespace, CORE_KINDS[kind], name, since)
+    return backend.leftovers(job_name)
 
 
 def check_access(backend: KubernetesBackend, namespace: str) -> tuple[bool, str]:

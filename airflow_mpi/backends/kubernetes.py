@@ -676,6 +676,29 @@ class KubernetesBackend:
                 job.roles[plan.master.name] = Role.MASTER
             return watcher.table.states(job.roles)
 
+    # --- the cluster CLI: whose job an object is, its pods' states, its master pod ----------
+
+    # The (apiVersion, kind) of the object that owns a job's objects: what deleting takes it all.
+    top_owner: tuple[str, str] = ("v1", "Service")
+
+    @classmethod
+    def owns(cls, obj: Obj) -> bool:
+        """Whether a job's object (our Secret, a pod) is of a job this backend made, by its owner."""
+        refs = obj.get("metadata", {}).get("ownerReferences") or []
+        return any((ref.get("apiVersion"), ref.get("kind")) == cls.top_owner for ref in refs)
+
+    def job_exists(self, job_name: str, namespace: str) -> bool:
+        """Whether the job's top object (here its Service) is there."""
+        return self._read(namespace, "services", job_name) is not None
+
+    def job_pod_states(self, pods: list[Obj]) -> list[PodState]:
+        """The states that decide a job's phase, from its pods as listed (no watch)."""
+        return [pod_state_from_k8s(pod) for pod in pods]
+
+    def master_pod_name(self, job_name: str, namespace: str) -> str:
+        """The pod whose log is the job's: the master's fixed name here."""
+        return build_pod_name(job_name, Role.MASTER, 0)
+
 
 class PodWatcher:
     """One watch over a job's pods in a thread, kept in a ``PodTable``; waiters wake on events.

@@ -30,6 +30,8 @@ from airflow_mpi.mpijob import (
     describe_mpijob_failure,
     describe_mpijob_wait,
     describe_validation_event,
+    launcher_name,
+    launcher_selector,
     render_mpijob_manifests,
     render_mpijob_owner_reference,
     render_mpijob_plan,
@@ -49,6 +51,7 @@ class MPIJobBackend(KubernetesBackend):
     """The Kubernetes backend with mpi-operator creating the pods."""
 
     name = "mpijob"
+    top_owner = (f"{MPIJOB[0]}/{MPIJOB[1]}", MPIJOB[3])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -269,3 +272,49 @@ class MPIJobBackend(KubernetesBackend):
         self._jobs[plan.job_name].roles[plan.master.name] = Role.MASTER
         self._created_at.setdefault(plan.job_name, time.monotonic())
         return self.pod_states(plan.job_name)
+
+    # --- the cluster CLI ------------------------------------------------------------------
+
+    @classmethod
+    def owns(cls, obj: Obj) -> bool:
+        """Owned by the MPIJob, or by its launcher's batch Job (the launcher pod); or by nothing
+        yet: this backend alone creates its Secret and ConfigMap before their owner exists."""
+        refs = obj.get("metadata", {}).get("ownerReferences") or []
+        return not refs or any(
+            (ref.get("apiVersion"), ref.get("kind")) in (cls.top_owner, LAUNCHER_OWNER) for ref in refs
+        )
+
+    def job_exists(self, job_name: str, namespace: str) -> bool:
+        return self.custom.get(namespace, MPIJOB, job_name) is not None
+
+    def job_pod_states(self, pods: list[Obj]) -> list[PodState]:
+        """The newest launcher pod as the master (the batch Job replaces one that failed), without
+        the workers the controller removes once the launcher ended."""
+        states = super().job_pod_states(pods)
+        launchers = [pod for pod, state in zip(pods, states, strict=True) if state.role is Role.MASTER]
+        newest = _newest(launchers)
+        deleting = {pod["metadata"]["name"] for pod in pods if pod["metadata"].get("deletionTimestamp")}
+        kept = [state for state in states if state.role is not Role.MASTER or state.name == newest]
+        return without_cleanup_kills(kept, deleting)
+
+    def master_pod_name(self, job_name: str, namespace: str) -> str:
+        """The newest launcher pod (``<job>-launcher-<random>``), or the launcher's name if none."""
+        return _newest(self._list(namespace, "pods", launcher_selector(job_name))) or launcher_name(job_name)
+
+    def _attach(self, job_name: str) -> _Job:
+        """As the Kubernetes backend's, the master being the launcher under its expected name
+        (the newest of its pods counts, as for a job created here)."""
+        job = super()._attach(job_name)
+        job.roles = {name: role for name, role in job.roles.items() if role is not Role.MASTER}
+        job.master = launcher_name(job_name)
+        job.roles[job.master] = Role.MASTER
+        return job
+
+
+LAUNCHER_OWNER = ("batch/v1", "Job")  # the launcher pod's owner: the controller's batch Job
+
+
+def _newest(pods: list[Obj]) -> str | None:
+    """The name of the pod created last (names break ties: a second's resolution)."""
+    stamped = sorted((pod["metadata"].get("creationTimestamp") or "", pod["metadata"]["name"]) for pod in pods)
+    return stamped[-1][1] if stamped else None

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 
 from airflow_mpi.backends.base import FoundJob
-from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend
+from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend, Obj
 from airflow_mpi.exceptions import LaunchError
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
 from airflow_mpi.plan import JobPlan
@@ -34,6 +35,7 @@ class VolcanoBackend(KubernetesBackend):
     """The Kubernetes backend with Volcano's job controller creating the pods."""
 
     name = "volcano"
+    top_owner = (f"{VOLCANO_JOB[0]}/{VOLCANO_JOB[1]}", VOLCANO_JOB[3])
 
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
@@ -120,3 +122,17 @@ class VolcanoBackend(KubernetesBackend):
             name = labels.get(LABEL_JOB, volcano_job["metadata"]["name"])
             found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
         return sorted(found, key=lambda job: job.try_number)
+
+    def job_exists(self, job_name: str, namespace: str) -> bool:
+        return self.custom.get(namespace, VOLCANO_JOB, job_name) is not None
+
+    def job_pod_states(self, pods: list[Obj]) -> list[PodState]:
+        """Without the pods Volcano's policy is deleting once one pod ended by itself (a listed
+        pod being deleted counts as deleted, as the watch sees it a moment later)."""
+        states = super().job_pod_states(pods)
+        return without_policy_kills(
+            [
+                replace(state, reason="Deleted") if pod["metadata"].get("deletionTimestamp") else state
+                for pod, state in zip(pods, states, strict=True)
+            ]
+        )

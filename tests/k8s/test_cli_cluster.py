@@ -73,9 +73,14 @@ def wait_for_phase(double: KubeDouble, pod: str, phase: str) -> None:
 
 
 def age(double: KubeDouble, job: str, hours: float) -> None:
-    """Make the job look ``hours`` old (its Service's creation time is its age)."""
+    """Make the job look ``hours`` old (its Secret's creation time is its age, whatever the backend)."""
     stamp = (datetime.now(timezone.utc) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    double.update_object("services", "default", job, lambda s: s["metadata"].__setitem__("creationTimestamp", stamp))
+    for secret in double.list_objects("secrets", "default"):
+        if (secret["metadata"].get("labels") or {}).get("airflow-mpi.io/job") == job:
+            name = secret["metadata"]["name"]
+            double.update_object(
+                "secrets", "default", name, lambda s: s["metadata"].__setitem__("creationTimestamp", stamp)
+            )
 
 
 @pytest.fixture
@@ -110,11 +115,11 @@ def test_jobs_prints_a_table_of_identity_phase_age_and_pods_ready(
     code, out, _ = cli("jobs", "--namespace", "default")
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "DAG", "TASK", "RUN", "TRY", "PHASE", "AGE", "READY"]
+    assert header.split() == ["NAME", "DAG", "TASK", "RUN", "TRY", "PHASE", "AGE", "READY", "BACKEND"]
     table = {row.split()[0]: row.split() for row in rows}
     assert next(iter(table)) == done.job_name  # oldest first
     assert set(table) == {done.job_name, busy.job_name, waiting.job_name}
-    assert table[done.job_name][1:] == ["etl", "done", "scheduled__2026-11-30", "2", "Succeeded", "3h", "2/3"]
+    assert table[done.job_name][1:] == ["etl", "done", "scheduled__2026-11-30", "2", "Succeeded", "3h", "2/3", "pods"]
     # (the workers still run: a job left by a dead task is stopped by nobody)
     assert table[busy.job_name][5] == "Running" and table[busy.job_name][7].endswith("/3")
     assert table[waiting.job_name][5] == "Starting" and table[waiting.job_name][7] == "2/2"
@@ -298,10 +303,10 @@ def test_run_on_kubernetes_interrupted_deletes_the_job(
 def test_unreachable_api_forbidden_and_expired_credentials_are_one_clear_line(
     cli: Callable[..., tuple[int, str, str]], double: KubeDouble
 ) -> None:
-    double.deny("list", "services")
+    double.deny("list", "secrets")
     code, _, err = cli("jobs")
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
-    assert "cannot `list` `services` in namespace default (403 Forbidden)" in err
+    assert "cannot `list` `secrets` in namespace default (403 Forbidden)" in err
 
     double.expire_credentials()
     code, _, err = cli("gc", "--older-than", "1d")

@@ -1,4 +1,4 @@
-"""What `airflow-mpi jobs` and `gc` make of a job's Service and pods: phase, age, and the verdict."""
+"""What `airflow-mpi jobs` and `gc` make of a job's Secret and pods: phase, age, backend, and the verdict."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ from airflow_mpi.jobtable import (
     render_table,
     summarize_job,
 )
+from airflow_mpi.status import pod_state_from_k8s
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
 
-def service(name: str = "train-0123abcd", created: str = "2027-01-15T06:00:00Z", **meta: Any) -> dict[str, Any]:
+def secret(name: str = "train-0123abcd", created: str = "2027-01-15T06:00:00Z", **meta: Any) -> dict[str, Any]:
     return {
         "metadata": {
-            "name": name,
+            "name": f"{name}-ssh",
             "creationTimestamp": created,
             "labels": {"airflow-mpi.io/job": name, "airflow-mpi.io/try-number": "2", "airflow-mpi.io/map-index": "4"},
             "annotations": {
@@ -64,24 +65,33 @@ WORKERS = [pod("worker", 0, "Running", ready=True), pod("worker", 1, "Running", 
     ],
 )
 def test_phase_from_the_pods(pods: list[dict[str, Any]], phase: str, why: str) -> None:
-    row = summarize_job(service(), pods, NOW)
+    row = summarize_job(secret(), pods, NOW)
     assert row.phase == phase and row.why.startswith(why)
     assert row.pods == len(pods) and row.pods_ready == sum(
         p["status"]["conditions"][0]["status"] == "True" for p in pods
     )
 
 
-def test_identity_comes_from_the_annotations_exactly_and_the_age_from_the_service() -> None:
-    row = summarize_job(service(), WORKERS, NOW)
+def test_identity_comes_from_the_annotations_exactly_and_the_age_from_the_secret() -> None:
+    row = summarize_job(secret(), WORKERS, NOW)
     assert row.cells() == (
-        "train-0123abcd", "etl", "train[4]", "manual__2027-01-15T05:00:00+00:00", "2", "Starting", "2h", "2/2"
+        "train-0123abcd", "etl", "train[4]", "manual__2027-01-15T05:00:00+00:00", "2", "Starting", "2h", "2/2", "pods"
     )  # fmt: skip
-    assert summarize_job(service(deletionTimestamp="2027-01-15T07:00:00Z"), WORKERS, NOW).phase == "Deleting"
+    assert summarize_job(secret(deletionTimestamp="2027-01-15T07:00:00Z"), WORKERS, NOW).phase == "Deleting"
+
+
+def test_the_backends_states_decide_the_phase_and_its_kind_is_shown() -> None:
+    """A backend may read the pods its own way (an MPIJob: only the newest launcher counts)."""
+    old, new = pod("master", 0, "Failed", exit_code=1), pod("master", 1, "Running")
+    newest = [state for state in map(pod_state_from_k8s, [old, new]) if state.name == new["metadata"]["name"]]
+    assert summarize_job(secret(), [old, new], NOW).phase == "Failed"
+    row = summarize_job(secret(), [old, new], NOW, states=newest, backend="mpijob")
+    assert (row.phase, row.ready, row.backend, row.cells()[-1]) == ("Running", "0/1", "mpijob", "mpijob")
 
 
 def test_gc_removes_only_finished_or_abandoned_jobs_older_than_the_limit() -> None:
     def verdict(pods: list[dict[str, Any]], older_than: float = 3600) -> tuple[bool, str]:
-        return gc_verdict(summarize_job(service(), pods, NOW), older_than)
+        return gc_verdict(summarize_job(secret(), pods, NOW), older_than)
 
     assert verdict([*WORKERS, pod("master", 0, "Succeeded", exit_code=0)]) == (True, "finished: the master succeeded")
     assert verdict([*WORKERS, pod("master", 0, "Succeeded", exit_code=0)], 3 * 3600) == (False, "younger than 3h")
@@ -93,13 +103,14 @@ def test_gc_removes_only_finished_or_abandoned_jobs_older_than_the_limit() -> No
 def test_table_columns_line_up() -> None:
     rows = [
         JobRow("a-0123abcd", "etl", "t", "r", "1", "Running", 3, 3, 45, ""),
-        JobRow("longer-name-0123abcd", "d", "train", "run", "2", "Failed", 0, 3, 7200, ""),
+        JobRow("longer-name-0123abcd", "d", "train", "run", "2", "Failed", 0, 3, 7200, "", "volcano"),
     ]
     lines = render_table(rows)
     assert [line.index(("PHASE", "Running", "Failed")[i]) for i, line in enumerate(lines)] == [
         lines[0].index("PHASE")
     ] * 3
-    assert lines[1].split() == ["a-0123abcd", "etl", "t", "r", "1", "Running", "45s", "3/3"]
+    assert lines[1].split() == ["a-0123abcd", "etl", "t", "r", "1", "Running", "45s", "3/3", "pods"]
+    assert lines[2].split()[-1] == "volcano" and lines[0].split()[-1] == "BACKEND"
 
 
 @pytest.mark.parametrize(
