@@ -125,6 +125,30 @@ def local_logs(quick: bool) -> list[Figure]:
     ]
 
 
+def training(quick: bool) -> list[Figure]:
+    """5. The example's DeepSpeed training: steps per second under the operator / bare mpiexec."""
+    from training import measure
+
+    got = measure(epochs=10 if quick else 40, runs=1 if quick else 3)
+    return [
+        figure(
+            "training: DeepSpeed steps/s, 3 pods x 1 rank (the example)",
+            got["operator_steps_per_s"],
+            "steps/s",
+            baseline="the same script under bare `mpiexec -np 3`, same pods and hosts",
+            baseline_value=got["bare_steps_per_s"],
+            ratio_at_least=0.97,
+        ),
+        figure(
+            "training: seconds of the training loop",
+            got["operator_train_s"],
+            "s",
+            baseline="bare mpiexec, same loop",
+            baseline_value=got["bare_train_s"],
+        ),
+    ]
+
+
 def control_plane(quick: bool) -> list[Figure]:
     """3. The Kubernetes backend against the API double (its own process), N = 1 .. 1000 workers."""
     import resource
@@ -266,6 +290,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "launch": (launch, True, True),
     "scaling": (scaling, True, True),
     "local_logs": (local_logs, True, True),
+    "training": (training, True, True),
     "control_plane": (control_plane, False, True),
     "kubernetes_logs": (kubernetes_logs, False, True),
     "deferred": (deferred_jobs, False, True),

@@ -72,6 +72,7 @@ def main() -> None:
     steps = min_over_ranks(len(x) // args.micro_batch_size, dist)
     generator = torch.Generator().manual_seed(args.seed + rank)
 
+    train_started = time.monotonic()  # the loop alone: steps_per_second compares launchers
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(x), generator=generator)
         total = 0.0
@@ -85,6 +86,7 @@ def main() -> None:
         dist.all_reduce(mean)
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs} loss {mean.item() / world:.4f}", flush=True)
+    train_seconds = time.monotonic() - train_started
 
     # Full parameters on every rank (ZeRO-3 partitions them; a no-op for stages 0-2).
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
@@ -103,6 +105,8 @@ def main() -> None:
             "epochs": args.epochs,
             "zero_stage": args.zero_stage,
             "seconds": round(time.monotonic() - started, 2),
+            "train_seconds": round(train_seconds, 3),
+            "steps_per_second": round(steps * args.epochs / train_seconds, 2),
             "model": str(data / "model.pt"),
         }
         print("AIRFLOW_MPI_RESULT " + json.dumps(result), flush=True)
