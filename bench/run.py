@@ -129,7 +129,7 @@ def training(quick: bool) -> list[Figure]:
     """5. The example's DeepSpeed training: steps per second under the operator / bare mpiexec."""
     from training import measure
 
-    got = measure(epochs=10 if quick else 40, runs=1 if quick else 3)
+    got = measure(epochs=8 if quick else 40, runs=1 if quick else 3)
     return [
         figure(
             "training: DeepSpeed steps/s, 3 pods x 1 rank (the example)",
@@ -210,7 +210,7 @@ def kubernetes_logs(quick: bool) -> list[Figure]:
     from kpo_logs import kpo_stream, ours, tally, with_drops
 
     lines = 50_000 if quick else 200_000
-    drops, drop_lines = (3, 15_000) if quick else (20, 60_000)
+    drops, drop_lines = (3, 7_500) if quick else (20, 60_000)
     figures = []
     double = Double()
     try:
@@ -251,11 +251,11 @@ def kubernetes_logs(quick: bool) -> list[Figure]:
 
 
 def deferred_jobs(quick: bool) -> list[Figure]:
-    """6. 100 deferred jobs (30 in the quick run) waiting in one triggerer process."""
+    """6. 100 deferred jobs (20 in the quick run) waiting in one triggerer process."""
     from deferred import measure
     from k8s_double import Double
 
-    jobs = 30 if quick else 100
+    jobs = 20 if quick else 100
     double = Double()
     try:
         got = measure(double, jobs, quiet=2.0 if quick else 5.0)
