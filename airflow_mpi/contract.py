@@ -52,6 +52,9 @@ ENV_MPI_HOST = "MPI_HOST"
 ENV_HOSTS_MODE = "AIRFLOW_MPI_HOSTS_MODE"
 ENV_SSH_PORT = "AIRFLOW_MPI_SSH_PORT"
 ENV_STARTUP_TIMEOUT = "AIRFLOW_MPI_STARTUP_TIMEOUT"
+# Set by a launcher that has just logged in to every worker from the master's own network with
+# the master's own key (the local backend): the master skips its second, identical check.
+ENV_HOSTS_VERIFIED = "AIRFLOW_MPI_HOSTS_VERIFIED"
 ENV_NP_OVERRIDE = "AIRFLOW_MPI_NP"
 ENV_DRY_RUN = "AIRFLOW_MPI_DRY_RUN"
 # Overrides for the three directories below; only tests and unusual images set them.

@@ -231,10 +231,12 @@ class EvidenceCollector:
 
     def feed(self, lines: Iterable[str], *, every_line: bool = False) -> None:
         """Search ``lines``; ``every_line``: rank output too, however late (a failure's tails)."""
-        for line in lines:
-            self._seen += 1
-            if not every_line and self._seen > EARLY_LINES and line.startswith("[") and ">:" in line[:40]:
-                continue
+        batch = list(lines)
+        early = max(0, EARLY_LINES - self._seen)  # how many of these are among the first lines
+        self._seen += len(batch)
+        if not every_line and len(batch) > early:  # one pass that drops rank output, not a loop
+            batch = batch[:early] + [line for line in batch[early:] if not (line[:1] == "[" and ">:" in line[:40])]
+        for line in batch:
             head = line[:MAX_SCANNED]
             if not _ANY_MARKER.search(head):
                 continue

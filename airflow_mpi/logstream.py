@@ -57,9 +57,10 @@ class OutputTracker:
         self._tail = deque(maxlen=self.tail_lines)
 
     def feed(self, lines: Iterable[str]) -> None:
+        lines = list(lines)
+        self.lines_seen += len(lines)
+        self._tail.extend(lines)
         for line in lines:
-            self.lines_seen += 1
-            self._tail.append(line)
             match = TAG.match(line)
             if match:
                 rank, text = int(match.group(1)), match.group(2)

@@ -198,7 +198,7 @@ class RankLineSplitter:
         line as it is. Any other line takes the general path."""
         one_tag_each = not self._busy and data.count(b"]<std") == data.count(b"\n") + 1
         if one_tag_each and self._tagged_lines.fullmatch(data + b"\n"):  # and each short, no \r
-            lines += [piece.decode("utf-8", "replace") for piece in data.split(b"\n")]
+            lines += data.decode("utf-8", "replace").split("\n")  # no \n byte is inside a UTF-8 sequence
             return
         limit, match, busy = self.max_bytes, TAG_BYTES.match, self._busy
         keep = lines.append

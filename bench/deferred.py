@@ -5,8 +5,8 @@ The jobs' pods are created first (workers Ready, masters held running by the dou
 separate triggerer process (only Airflow and the trigger imported) runs every trigger; once every
 trigger watches, requests are counted over a quiet window, then every master ends at once.
 Measured: the triggerer's peak RSS next to the same process before any trigger ran, API
-requests per job while waiting, and the delay from a master's "terminated" event, as an
-independent watcher sees it, to its trigger's event (p50/p99).
+requests per job while waiting, and the delay from a master's exit (the clock in its last line,
+printed just before the double marks it terminated) to its trigger's event (p50/p99).
 
     .venv/bin/python bench/deferred.py [--jobs 100] [--quiet 5]
 """
@@ -14,13 +14,11 @@ independent watcher sees it, to its trigger's event (p50/p99).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -32,30 +30,14 @@ from k8s_double import Double, backend_for, plan_for
 from airflow_mpi.runner import JobRunner
 
 
-class TerminatedWatcher:
-    """Sees each pod's Succeeded/Failed event (what the trigger waits for) independently of the
-    triggers: the time the API made the event visible to a watcher. Raw JSON lines, no client
-    models, so this watcher does not lag behind the triggers it times."""
-
-    def __init__(self, double: Double) -> None:
-        self.seen: dict[str, float] = {}
-        self._response = urllib.request.urlopen(f"{double.url}/api/v1/namespaces/default/pods?watch=true")
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        # A daemon thread: it ends with the double (closing the response here would block until the
-        # watch's read returns).
-        with contextlib.suppress(Exception):
-            pending = b""
-            while chunk := self._response.read1(1 << 16):  # what has arrived; readline would wait for more
-                at = time.time()
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    if b'"Succeeded"' in line or b'"Failed"' in line:
-                        pod = json.loads(line)["object"]
-                        if pod["status"].get("phase") in ("Succeeded", "Failed"):
-                            self.seen.setdefault(pod["metadata"]["name"], at)
+def master_exit_time(double: Double, pod: str) -> float:
+    """When the master ended, on the double's clock (the same machine clock the triggerer reads):
+    its one line carries ``time.time_ns()`` as the script printed it, and the double marks the pod
+    terminated right after that line. Not a second watcher's arrival time: the double fans each
+    event out to every watch in turn, so an observer's copy can arrive after the trigger's."""
+    with urllib.request.urlopen(f"{double.url}/api/v1/namespaces/default/pods/{pod}/log") as response:
+        last = response.read().decode().strip().splitlines()[-1]
+    return int(last.rsplit(" ", 1)[1]) / 1e9
 
 
 def measure(double: Double, jobs: int, quiet: float = 5.0) -> dict[str, Any]:
@@ -63,7 +45,6 @@ def measure(double: Double, jobs: int, quiet: float = 5.0) -> dict[str, Any]:
     watches, count requests over ``quiet`` seconds, then end every master and time the events."""
     double.call("/_double/reset", {})
     double.call("/_double/knobs", {"master_lines": 1, "master_rate": 0, "master_exit": 0, "hold_masters": True})
-    watcher = TerminatedWatcher(double)
     backend = backend_for(double)
     runners, kwargs = [], []
     proc: subprocess.Popen[str] | None = None
@@ -101,6 +82,7 @@ def measure(double: Double, jobs: int, quiet: float = 5.0) -> dict[str, Any]:
             else:
                 peak.update(record)
         proc.wait(60)
+        ended = {r.job_name: master_exit_time(double, r.plan.master.name) for r in runners}
     finally:
         double.call("/_double/knobs", {"hold_masters": False})
         if proc is not None and proc.poll() is None:
@@ -112,7 +94,7 @@ def measure(double: Double, jobs: int, quiet: float = 5.0) -> dict[str, Any]:
     failed = [r for r in fired.values() if r["status"] != "finished"]
     if failed:
         raise RuntimeError(f"{len(failed)} triggers did not see their job finish: {failed[:3]}")
-    delays = sorted(fired[r.job_name]["at"] - watcher.seen[r.plan.master.name] for r in runners)
+    delays = sorted(fired[job]["at"] - at for job, at in ended.items())
     return {
         "jobs": jobs,
         "rss_before_mb": started["rss_before_mb"],

@@ -93,11 +93,16 @@ install_ssh() {
   fi
   mkdir -p "$SSH_DIR"
   chmod 0700 "$SSH_DIR"
+  local -a sources=() copies=()
   for file in "${SSH_FILES[@]}"; do
     [[ -r "$SECRET_DIR/$file" ]] || die "missing $SECRET_DIR/$file: the job's ssh Secret is not mounted"
-    cat "$SECRET_DIR/$file" >"$SSH_DIR/$file"
-    chmod 0600 "$SSH_DIR/$file"
+    sources+=("$SECRET_DIR/$file")
+    copies+=("$SSH_DIR/$file")
   done
+  # One cp and one chmod for all of them, not two processes a file: a pod starts faster.
+  # cp follows the Secret's symlinks; the copies are regular files.
+  cp -- "${sources[@]}" "$SSH_DIR/"
+  chmod 0600 -- "${copies[@]}"
   if ((EUID == 0)); then
     # sshd exits with "Missing privilege separation directory: /run/sshd" without it
     # (docs/contract.md#sshd-missing-privilege-separation-directory). Only a root sshd needs it:
@@ -345,7 +350,9 @@ run_master() {
   install_ssh
   sshd_session_env
   "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config" 2>>"$RUNTIME_DIR/sshd.log" &
-  if ((${#RANK_HOSTS[@]})); then
+  if ((${#RANK_HOSTS[@]})) && [[ "${AIRFLOW_MPI_HOSTS_VERIFIED:-0}" == 1 ]]; then
+    log "sshd on ${#RANK_HOSTS[@]} host(s): checked by the launcher from this pod with its key"
+  elif ((${#RANK_HOSTS[@]})); then
     log "waiting for sshd on ${#RANK_HOSTS[@]} host(s)"
     wait_for_hosts "${RANK_HOSTS[@]}"
   fi

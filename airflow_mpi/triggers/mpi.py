@@ -47,6 +47,7 @@ from airflow_mpi.podlog import LineSplitter
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
 from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
+from airflow_mpi.triggers.api_client import shared_api_client
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
@@ -158,10 +159,9 @@ class MPIJobTrigger(BaseTrigger):
         return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
         from kubernetes_asyncio.client import CoreV1Api
 
-        async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
+        async with shared_api_client(self.kubernetes_conn_id) as api_client:
             outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
 
@@ -284,10 +284,9 @@ class MPIJobTrigger(BaseTrigger):
         """The user killed the task while it was deferred: delete the job (Airflow 3.3+)."""
         if self._fired:
             return
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
         from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 
-        async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
+        async with shared_api_client(self.kubernetes_conn_id) as api_client:
             for group, version, plural in self.custom_objects:
                 with contextlib.suppress(Exception):
                     await CustomObjectsApi(api_client).delete_namespaced_custom_object(

@@ -89,6 +89,7 @@ def main() -> None:
     resumed = resume(engine, checkpoints, args.epochs, dist)
     checkpoint_seconds = 0.0
 
+    train_started = time.monotonic()  # the loop without its checkpoints: steps_per_second compares launchers
     for epoch in range(resumed + 1, args.epochs + 1):
         # The order depends on (seed, rank, epoch) only: a resumed run sees what an unbroken one would.
         generator = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 1009 + rank)
@@ -107,6 +108,8 @@ def main() -> None:
         saving = time.monotonic()
         save(engine, checkpoints, epoch, args.keep_checkpoints, rank, world)
         checkpoint_seconds += time.monotonic() - saving
+    train_seconds = time.monotonic() - train_started - checkpoint_seconds
+    trained_steps = steps * (args.epochs - resumed)
 
     # Full parameters on every rank (ZeRO-3 partitions them; a no-op for stages 0-2).
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
@@ -127,6 +130,8 @@ def main() -> None:
             "seconds": round(time.monotonic() - started, 2),
             "resumed_from_epoch": resumed,
             "checkpoint_seconds": round(checkpoint_seconds, 3),
+            "train_seconds": round(train_seconds, 3),
+            "steps_per_second": round(trained_steps / train_seconds, 2) if trained_steps else None,
             "model": str(data / "model.pt"),
         }
         print("AIRFLOW_MPI_RESULT " + json.dumps(result), flush=True)
