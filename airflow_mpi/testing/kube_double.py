@@ -1199,7 +1199,10 @@ class ScriptedKubelet:
         if not self._alive(namespace, name):
             return
         double.update_pod_status(namespace, name, lambda p: _set_running(p, ready=False))
-        has_probe = bool(container.get("readinessProbe"))
+        # A container that exits non-zero right after its output (a worker whose sshd fails) never
+        # passes its probe: a real sshd that did not start does not answer. Ready comes first only
+        # for pods that keep running or end well.
+        has_probe = bool(container.get("readinessProbe")) and not script.exit_code
         if has_probe:
             if script.ready_delay:
                 time.sleep(script.ready_delay)
