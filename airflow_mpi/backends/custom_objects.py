@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.backends.k8s_errors import (
     CONFLICT,
     NOT_FOUND,
@@ -19,6 +20,7 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendError
+from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, run_selector
 
 # (group, version, plural, kind), as the builders declare them.
 GVK = tuple[str, str, str, str]
@@ -122,3 +124,14 @@ class CustomObjects:
             ApiRequest("delete", plural, namespace, name),
             self.api_url,
         )
+
+
+def find_custom_jobs(custom: CustomObjects, namespace: str, gvk: GVK, identity: RunIdentity) -> list[FoundJob]:
+    """The jobs a custom kind (Volcano Job, MPIJob) holds for every try of this task instance,
+    oldest try first: the top object carries the run labels."""
+    found = []
+    for obj in custom.list(namespace, gvk, run_selector(identity)):
+        labels = obj["metadata"].get("labels") or {}
+        name = labels.get(LABEL_JOB, obj["metadata"]["name"])
+        found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
+    return sorted(found, key=lambda job: job.try_number)

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from airflow_mpi.backends.base import FoundJob
+from airflow_mpi.backends.custom_objects import find_custom_jobs
 from airflow_mpi.backends.k8s_errors import ApiRequest, translate
 from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend, Obj, _AlreadyExists, _Job
 from airflow_mpi.exceptions import BackendError, LaunchError
@@ -37,7 +38,7 @@ from airflow_mpi.mpijob import (
     render_mpijob_plan,
     without_cleanup_kills,
 )
-from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, run_selector
+from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import PodPhase, PodState
@@ -258,12 +259,7 @@ class MPIJobBackend(KubernetesBackend):
 
     def find_jobs(self, identity: RunIdentity, namespace: str) -> list[FoundJob]:
         """MPIJobs of every try of this task instance (they carry the run labels)."""
-        found = []
-        for mpijob in self.custom.list(namespace, MPIJOB, run_selector(identity)):
-            labels = mpijob["metadata"].get("labels") or {}
-            name = labels.get(LABEL_JOB, mpijob["metadata"]["name"])
-            found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
-        return sorted(found, key=lambda job: job.try_number)
+        return find_custom_jobs(self.custom, namespace, MPIJOB, identity)
 
     def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
         """Watch an existing MPIJob's pods; its launcher counts from the start (the controller

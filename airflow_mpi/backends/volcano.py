@@ -16,9 +16,10 @@ import time
 from dataclasses import replace
 
 from airflow_mpi.backends.base import FoundJob
+from airflow_mpi.backends.custom_objects import find_custom_jobs
 from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend, Obj
 from airflow_mpi.exceptions import LaunchError
-from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, job_selector, run_selector
+from airflow_mpi.naming import RunIdentity, job_selector
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.spec import Role
 from airflow_mpi.status import PodState
@@ -116,12 +117,7 @@ class VolcanoBackend(KubernetesBackend):
 
     def find_jobs(self, identity: RunIdentity, namespace: str) -> list[FoundJob]:
         """Volcano Jobs of every try of this task instance (they carry the run labels)."""
-        found = []
-        for volcano_job in self.custom.list(namespace, VOLCANO_JOB, run_selector(identity)):
-            labels = volcano_job["metadata"].get("labels") or {}
-            name = labels.get(LABEL_JOB, volcano_job["metadata"]["name"])
-            found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
-        return sorted(found, key=lambda job: job.try_number)
+        return find_custom_jobs(self.custom, namespace, VOLCANO_JOB, identity)
 
     def job_exists(self, job_name: str, namespace: str) -> bool:
         return self.custom.get(namespace, VOLCANO_JOB, job_name) is not None
