@@ -278,6 +278,8 @@ def test_a_non_root_ssh_path_gets_the_default_mode_and_intel_gets_its_hostfile_a
 
 
 def test_the_apiserver_fills_the_crd_defaults_and_keeps_status_out_of_a_plain_put(cluster: Cluster) -> None:
+    if crd_dir() is None:
+        pytest.skip("no CRDs beside the checkout: the defaults come from the CRD's schema")
     body = mpijob("dflt", workers=1)
     del body["spec"]["runPolicy"], body["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"]
     cluster.submit(body)
