@@ -91,9 +91,14 @@ class RealKubelet:
         """The container's output into the double's log buffer, each line stamped by the node clock."""
         buffer = double.logs.get((namespace, name))
         assert proc.stdout is not None
-        for raw in iter(proc.stdout.readline, b""):
-            if buffer is not None:
-                buffer.append(double.node_time_ns(), raw.decode("utf-8", "replace").rstrip("\n"))
+        try:
+            for raw in iter(proc.stdout.readline, b""):
+                if buffer is not None:
+                    buffer.append(double.node_time_ns(), raw.decode("utf-8", "replace").rstrip("\n"))
+        except (ValueError, OSError):
+            if name not in self._stopping:
+                raise
+            # stop() removed the pod and its process, closing this stream under the read
         code = proc.wait()
         if name in self._stopping:
             return

@@ -417,7 +417,7 @@ def worker_with_probe(body: dict[str, Any]) -> dict[str, Any]:
 def test_the_launcher_job_comes_with_the_workers_or_once_they_are_ready(
     cluster: Cluster, scripts: Scripts, policy: str
 ) -> None:
-    scripts.on("-worker-", PodScript(ready_delay=1.0))
+    scripts.on("-worker-", PodScript(ready_delay=5.0))  # far past the check below, on a loaded machine too
     scripts.on("-launcher-", PodScript())
     cluster.submit(worker_with_probe(mpijob("order", launcherCreationPolicy=policy)))
     until(lambda: len(cluster.pods("training.kubeflow.org/job-role=worker")) == 2)
@@ -427,7 +427,7 @@ def test_the_launcher_job_comes_with_the_workers_or_once_they_are_ready(
     jobs = [j.metadata.name for j in cluster.batch.list_namespaced_job(NS).items]
     assert not any(ready)
     assert jobs == (["order-launcher"] if policy == "AtStartup" else [])
-    until(lambda: cluster.batch.list_namespaced_job(NS).items)
+    until(lambda: cluster.batch.list_namespaced_job(NS).items, timeout=30)
     assert cluster.controller.log.index("order: create jobs.batch/order-launcher") > cluster.controller.log.index(
         "order: create secrets/order-ssh"
     )
