@@ -1,0 +1,304 @@
+"""The whole test cluster: the control plane, the node agent's Nodes, and (on request) the
+real controllers. ``python -m tests.cluster up|down|status`` runs it for a user (``make
+cluster-up``); the pytest fixtures in tests/cluster/conftest.py run one per test session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.build import COMPONENTS, K8S_VERSION, bin_dir, is_built
+from tests.cluster.controlplane import ControlPlane, Process, free_port, wait_for
+from tests.cluster.kubeapi import ApiError, KubeApi, Obj
+
+REPO = Path(__file__).resolve().parents[2]
+STATE_ROOT = Path("/run/airflow-mpi-tests")
+NODE_CAPACITY = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "2", "ephemeral-storage": "100Gi"}
+MISSING_IMAGE = "registry.invalid/airflow-mpi/missing:1"  # the node agent answers ErrImagePull
+REQUIRED = ("etcd", "kubernetes")
+
+
+def built(components: tuple[str, ...] = REQUIRED) -> bool:
+    return all(is_built(COMPONENTS[name]) for name in components)
+
+
+class Cluster:
+    """A control plane under ``workdir`` with ``nodes`` Nodes run by the node agent."""
+
+    def __init__(self, workdir: Path, nodes: int = 3) -> None:
+        self.workdir = workdir
+        self.plane = ControlPlane(workdir / "plane")
+        self.node_count = nodes
+        self.agent: Process | None = None
+        self.agent_control = ""
+        self.controllers: dict[str, Process] = {}
+        self.timings: dict[str, float] = {}
+        self.state_dir = STATE_ROOT / f"cluster-{os.getpid()}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.admin_kubeconfig
+
+    def api(self) -> KubeApi:
+        return KubeApi(self.kubeconfig)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        t0 = time.monotonic()
+        try:
+            self.plane.start()
+            self.timings["control plane"] = time.monotonic() - t0
+            self._start_node_agent()
+            self._wait_nodes_ready()
+            self._wait_default_service_account()
+            self.timings["cluster"] = time.monotonic() - t0
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """The node agent first (it stops every pod and removes its namespaces and links),
+        then the control plane, then the working directories."""
+        for process in self.controllers.values():
+            process.stop()
+        self.controllers.clear()
+        if self.agent is not None:
+            self.agent.stop(grace=60)
+            self.agent = None
+        self.plane.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _start_node_agent(self) -> None:
+        nodes = []
+        for index in range(self.node_count):
+            name, address = f"node-{index}", f"127.0.100.{index + 1}"
+            kubeconfig, serving = self.plane.node_credentials(name, address)
+            nodes.append({
+                "name": name, "address": address, "port": free_port(address), "kubeconfig": str(kubeconfig),
+                "serving_cert": str(serving.cert), "serving_key": str(serving.key),
+                "ca": str(self.plane.pki_dir / "ca.crt"), "capacity": NODE_CAPACITY,
+            })  # fmt: skip
+        config = {
+            "workdir": str(self.workdir / "agent"), "state_dir": str(self.state_dir), "nodes": nodes,
+            "missing_images": [MISSING_IMAGE], "kubelet_version": K8S_VERSION,
+        }  # fmt: skip
+        path = self.workdir / "agent.json"
+        path.write_text(json.dumps(config))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        self.agent = Process("node-agent", [sys.executable, "-m", "tests.cluster.node_agent", str(path)],
+                             self.workdir / "node-agent.log", env=env)  # fmt: skip
+        self.agent.start()
+        wait_for("node agent", lambda: '"ready": true' in self.agent_log(), 60, self.agent)
+        line = next(x for x in self.agent_log().splitlines() if '"ready": true' in x)
+        self.agent_control = f"http://127.0.0.1:{json.loads(line)['control_port']}"
+
+    def agent_log(self) -> str:
+        try:
+            return (self.workdir / "node-agent.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _wait_nodes_ready(self) -> None:
+        api = self.api()
+
+        def ready() -> bool:
+            nodes = api.get("/api/v1/nodes")["items"]
+            ok = [
+                n for n in nodes
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
+                and not any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints") or [])
+            ]  # fmt: skip
+            return len(ok) >= self.node_count
+
+        wait_for("Nodes Ready and untainted", ready, 90, self.agent)
+
+    def _wait_default_service_account(self) -> None:
+        api = self.api()
+        wait_for(
+            "the default ServiceAccount",
+            lambda: api.get_or_none("/api/v1/namespaces/default/serviceaccounts/default"),
+            60,
+        )
+
+    # --- for tests -------------------------------------------------------------------------
+
+    def controller(self, name: str) -> Process:
+        """Start a real controller (``mpi-operator``, ``kueue``, ``volcano``) once; later calls
+        return the running one."""
+        from tests.cluster import controllers
+
+        process = self.controllers.get(name)
+        if process is None or not process.alive:
+            starters = {"mpi-operator": controllers.start_mpi_operator}
+            process = self.controllers[name] = starters[name](self)
+        return process
+
+    def agent_request(self, path: str, method: str = "POST") -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(urllib.request.Request(self.agent_control + path, method=method), timeout=30) as r:
+            return r.read().decode()
+
+    def evict(self, namespace: str, pod: str, message: str = "The node was low on resource: memory. ") -> None:
+        import urllib.parse
+
+        query = urllib.parse.urlencode({"namespace": namespace, "pod": pod, "message": message})
+        self.agent_request(f"/evict?{query}")
+
+    def running_pods(self) -> list[str]:
+        return list(json.loads(self.agent_request("/", method="GET"))["sandbox_pods"])
+
+    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        self.api().create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                  "metadata": {"name": name, "labels": labels or {}}})  # fmt: skip
+        wait_for(f"namespace {name}'s default ServiceAccount",
+                 lambda: self.api().get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"), 60)  # fmt: skip
+
+    def delete_namespace(self, name: str, wait: float = 120) -> None:
+        api = self.api()
+        api.delete(f"/api/v1/namespaces/{name}")
+        wait_for(f"namespace {name} gone", lambda: api.get_or_none(f"/api/v1/namespaces/{name}") is None, wait)
+
+    def service_account_kubeconfig(self, namespace: str, name: str, rules: list[Obj], path: Path) -> Path:
+        """A ServiceAccount bound to a Role with ``rules`` only, and a kubeconfig with its token."""
+        api = self.api()
+        api.apply_object(f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})  # fmt: skip
+        api.apply_object(
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name}, "rules": rules},
+        )
+        api.apply_object(
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        )  # fmt: skip
+        token = api.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
+        )["status"]["token"]
+        assert self.plane.pki is not None
+        kubeconfig = self.plane.pki.kubeconfig(path, self.plane.server, f"{namespace}-{name}", token=token)
+        config = yaml.safe_load(kubeconfig.read_text())
+        config["contexts"][0]["context"]["namespace"] = namespace
+        kubeconfig.write_text(yaml.safe_dump(config))
+        return kubeconfig
+
+
+def readme_role_rules(readme: Path = REPO / "README.md") -> list[Obj]:
+    """The rules of the Role the README tells users to bind (so the test and the docs agree)."""
+    for block in re.findall(r"```yaml\n(.*?)```", readme.read_text(), flags=re.S):
+        with contextlib.suppress(yaml.YAMLError):
+            doc = yaml.safe_load(block)
+            if isinstance(doc, dict) and doc.get("kind") == "Role":
+                return list(doc["rules"])
+    raise LookupError("README.md has no Role manifest")
+
+
+# --- `python -m tests.cluster up|down|status` --------------------------------------------------
+
+CHECKOUT_STATE = REPO / ".cluster"
+
+
+def up(nodes: int = 3) -> int:
+    """Build what is missing, start the cluster in a background supervisor, write the admin
+    kubeconfig to .cluster/kubeconfig, and return once the Nodes are Ready."""
+    if (CHECKOUT_STATE / "supervisor.pid").exists() and _alive(int((CHECKOUT_STATE / "supervisor.pid").read_text())):
+        print(f"the cluster is already up: KUBECONFIG={CHECKOUT_STATE / 'kubeconfig'}")
+        return 0
+    from tests.cluster import build
+
+    for name in COMPONENTS:
+        build.build(COMPONENTS[name], log=lambda m: print(m, flush=True))
+    CHECKOUT_STATE.mkdir(exist_ok=True)
+    ready = CHECKOUT_STATE / "ready"
+    ready.unlink(missing_ok=True)
+    log = (CHECKOUT_STATE / "supervisor.log").open("ab")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.cluster", "supervise", str(nodes)], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    (CHECKOUT_STATE / "supervisor.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ready.exists():
+        if proc.poll() is not None:
+            print((CHECKOUT_STATE / "supervisor.log").read_text()[-4000:], file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+    print(ready.read_text() if ready.exists() else "the cluster did not come up in 300 s")
+    return 0 if ready.exists() else 1
+
+
+def supervise(nodes: int) -> int:
+    """Run the cluster until SIGTERM (what `up` starts in the background)."""
+    import signal
+
+    cluster = Cluster(CHECKOUT_STATE / "run", nodes)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    cluster.start()
+    shutil.copy(cluster.kubeconfig, CHECKOUT_STATE / "kubeconfig")
+    (CHECKOUT_STATE / "ready").write_text(
+        f"cluster up in {cluster.timings['cluster']:.1f} s: {nodes} Nodes Ready\n"
+        f"export KUBECONFIG={CHECKOUT_STATE / 'kubeconfig'}\n"
+    )
+    try:
+        while not stop:
+            time.sleep(0.5)
+    finally:
+        cluster.stop()
+    return 0
+
+
+def down() -> int:
+    pid_file = CHECKOUT_STATE / "supervisor.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        if _alive(pid):
+            os.kill(pid, 15)
+            deadline = time.monotonic() + 120
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+    shutil.rmtree(CHECKOUT_STATE, ignore_errors=True)
+    print("the cluster is down")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/cmdline").read_bytes().find(b"tests.cluster") >= 0
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "status"
+    if command == "up":
+        return up(int(argv[1]) if len(argv) > 1 else 3)
+    if command == "supervise":
+        return supervise(int(argv[1]))
+    if command == "down":
+        return down()
+    ready = CHECKOUT_STATE / "ready"
+    print(ready.read_text() if ready.exists() else "the cluster is down")
+    return 0
+
+
+__all__ = ["MISSING_IMAGE", "Any", "ApiError", "Cluster", "bin_dir", "built", "readme_role_rules"]

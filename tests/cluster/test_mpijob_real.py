@@ -1,0 +1,127 @@
+"""The MPIJob backend with the real mpi-operator (built from its module, run with its own CRD
+and ClusterRole): it makes the launcher Job and worker pods from our templates, the real
+scheduler binds them, the node agent runs them; the launch script finds the workers by the
+operator's names, in host mode and from the operator's own hostfile."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from airflow_mpi.backends.mpijob import MPIJobBackend
+from airflow_mpi.exceptions import JobFailed, JobTimeout
+from airflow_mpi.naming import RunIdentity
+from airflow_mpi.runner import JobRunner
+from airflow_mpi.spec import MPIJobSpec
+from tests.cluster.cluster import Cluster
+from tests.cluster.conftest import api_client
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+LEFT = ("/api/v1/namespaces/{ns}/pods", "/api/v1/namespaces/{ns}/services", "/api/v1/namespaces/{ns}/secrets",
+        "/api/v1/namespaces/{ns}/configmaps", "/apis/batch/v1/namespaces/{ns}/jobs",
+        "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs")  # fmt: skip
+PROGRAM = (
+    "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
+    "hosts = c.gather(socket.gethostname())\n"
+    "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size, 'hosts': sorted(hosts)}))"
+)
+
+
+class Log(list[str]):
+    def __call__(self, text: str) -> None:
+        self.extend(text.splitlines())
+
+
+@pytest.fixture
+def operator(cluster: Cluster) -> Cluster:
+    cluster.controller("mpi-operator")
+    return cluster
+
+
+def left(cluster: Cluster, namespace: str) -> list[str]:
+    api = cluster.api()
+    found = []
+    for path in LEFT:
+        for obj in api.get(path.format(ns=namespace))["items"]:
+            if obj["metadata"]["name"] != "kube-root-ca.crt":
+                found.append(f"{path.rsplit('/', 1)[-1]}/{obj['metadata']['name']}")
+    return found
+
+
+def make(cluster: Cluster, namespace: str, **fields: Any) -> tuple[MPIJobBackend, Any]:
+    backend = MPIJobBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+    data: dict[str, Any] = {
+        "name": "mjreal",
+        "image": "registry.example/airflow-mpi-train:0.1",
+        "command": [sys.executable, "-c", PROGRAM],
+        "workers": {"replicas": 2},
+        "startup_timeout": 90,
+        "timeout": 120,
+    }
+    data.update(fields)
+    plan = backend.render_plan(MPIJobSpec.from_dict(data), RunIdentity("mdag", "train", f"r-{time.monotonic_ns()}"))
+    return backend, plan
+
+
+@pytest.mark.parametrize("hosts_mode", ["host", "hostfile"])
+def test_a_real_job_runs_as_an_mpijob(operator: Cluster, namespace: str, hosts_mode: str) -> None:
+    backend, plan = make(operator, namespace, hosts_mode=hosts_mode)
+    log = Log()
+    result = JobRunner(backend, plan, log).run()
+    job = plan.job_name
+    assert result.exit_code == 0, log
+    assert result.result == {
+        "sum": 6,
+        "size": 3,
+        "hosts": sorted([f"{job}-launcher", f"{job}-worker-0", f"{job}-worker-1"]),
+    }, log
+    if hosts_mode == "hostfile":
+        # The operator's own hostfile: <pod>.<job>.<namespace>.svc.cluster.local.
+        assert any(f"{job}-worker-0.{job}.{namespace}.svc.cluster.local" in line for line in log), log
+    assert left(operator, namespace) == []
+
+
+def test_a_failing_rank_is_named(operator: Cluster, namespace: str) -> None:
+    program = "from mpi4py import MPI; import sys\nif MPI.COMM_WORLD.rank == 2: sys.exit(3)\nMPI.COMM_WORLD.Barrier()\n"
+    backend, plan = make(operator, namespace, command=[sys.executable, "-m", "mpi4py", "-c", program])
+    log = Log()
+    with pytest.raises(JobFailed) as caught:
+        JobRunner(backend, plan, log).run()
+    assert (caught.value.rank, caught.value.exit_code) == (2, 3), log
+    assert left(operator, namespace) == []
+
+
+def test_an_evicted_worker_ends_the_job(operator: Cluster, namespace: str) -> None:
+    program = "import time\nprint('training', flush=True)\ntime.sleep(600)\n"
+    backend, plan = make(operator, namespace, command=[sys.executable, "-c", program])
+    log = Log()
+    victim = f"{plan.job_name}-worker-1"
+
+    def evict() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any("training" in line for line in log):
+            time.sleep(0.1)
+        operator.evict(namespace, victim)
+
+    thread = threading.Thread(target=evict)
+    thread.start()
+    with pytest.raises(JobFailed) as caught:
+        JobRunner(backend, plan, log).run()
+    thread.join()
+    assert caught.value.pod == victim and "Evicted" in str(caught.value), caught.value
+    assert left(operator, namespace) == []
+
+
+def test_the_timeout_ends_the_job(operator: Cluster, namespace: str) -> None:
+    program = "import time\nprint('forever', flush=True)\ntime.sleep(600)\n"
+    backend, plan = make(operator, namespace, command=[sys.executable, "-c", program], timeout=5)
+    started = time.monotonic()
+    with pytest.raises(JobTimeout):
+        JobRunner(backend, plan, Log()).run()
+    assert time.monotonic() - started < 5 + 40
+    assert left(operator, namespace) == []

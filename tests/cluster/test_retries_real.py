@@ -1,0 +1,82 @@
+"""A retry after the task process was SIGKILLed, on the real control plane: the second try
+reattaches to the job the first left and its log goes on exactly where the first stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_mpi.operators.mpi import MPIJobOperator
+from tests.cluster.cluster import REPO, Cluster
+from tests.cluster.conftest import install_connections, job_objects
+from tests.k8s.test_retries import FileStore
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+LINES = 80
+PROGRAM = (
+    "import os, time, json\n"
+    "if os.environ['OMPI_COMM_WORLD_RANK'] == '0':\n"
+    f"    for i in range({LINES}): print(f'step {{i:03d}}', flush=True); time.sleep(0.1)\n"
+    "    print('AIRFLOW_MPI_RESULT ' + json.dumps({'steps': %d}))\n" % LINES
+)
+SPEC: dict[str, Any] = {
+    "name": "retried",
+    "image": "registry.example/airflow-mpi-train:0.1",
+    "command": [sys.executable, "-c", PROGRAM],
+    "workers": {"replicas": 1},
+    "startup_timeout": 90,
+    "timeout": 120,
+}
+CHILD = """
+import json, sys
+from types import SimpleNamespace
+sys.path.insert(0, sys.argv[4])
+from airflow_mpi.operators.mpi import MPIJobOperator
+from tests.k8s.test_retries import FileStore
+operator = MPIJobOperator(task_id="train", job=json.loads(sys.argv[1]), mpi_conn_id="mpi_k8s")
+ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=sys.argv[2], map_index=-1, try_number=1)
+operator.execute({"ti": ti, "task_state_store": FileStore(sys.argv[3])})
+"""
+
+
+def test_a_retry_after_sigkill_reattaches_and_goes_on_where_the_log_stopped(
+    cluster: Cluster, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    install_connections(monkeypatch, cluster.kubeconfig, namespace)
+    run_id, store = f"crash-{time.monotonic_ns()}", tmp_path / "store.json"
+
+    def progress() -> int:
+        value = FileStore(str(store)).get("airflow_mpi")
+        return int(value["lines"]) if value else 0
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(SPEC), run_id, str(store), str(REPO)],
+        env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while progress() < 20 and time.monotonic() < deadline:
+        assert child.poll() is None, "the first try ended by itself"
+        time.sleep(0.05)
+    child.kill()  # SIGKILL: a worker that dies takes no finally with it
+    child.wait()
+    first_shown = progress()
+    assert first_shown >= 20
+    assert job_objects(cluster.api(), namespace), "the job lives on without its operator"
+
+    operator = MPIJobOperator(task_id="train", job=SPEC, mpi_conn_id="mpi_k8s")
+    ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=run_id, map_index=-1, try_number=2)
+    capfd.readouterr()
+    result = operator.execute({"ti": ti, "task_state_store": FileStore(str(store))})  # type: ignore[arg-type]
+    shown = [line.split("step ", 1)[1][:3] for line in capfd.readouterr().out.splitlines() if "<stdout>:step " in line]
+    assert result["result"] == {"steps": LINES}
+    assert shown == [f"{i:03d}" for i in range(first_shown, LINES)]
+    assert job_objects(cluster.api(), namespace) == []

@@ -1,0 +1,140 @@
+"""Security on the real control plane: the README's Role, bound to a ServiceAccount token, is
+enough for a job and no verb of it is spare (each removed in turn fails the job, naming it), and a
+namespace enforcing the restricted Pod Security Standard refuses a root job with the admission's
+own message and runs a ``pod.run_as_user`` job."""
+
+from __future__ import annotations
+
+import copy
+import pwd
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_mpi.backends.kubernetes import KubernetesBackend
+from airflow_mpi.exceptions import MPIJobError
+from airflow_mpi.naming import RunIdentity
+from airflow_mpi.plan import JobPlan, render_plan
+from airflow_mpi.runner import JobRunner
+from airflow_mpi.spec import MPIJobSpec
+from tests.cluster.cluster import Cluster, readme_role_rules
+from tests.cluster.conftest import api_client, job_objects
+from tests.integration.test_nonroot import user  # noqa: F401 (the non-root user fixture)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+PROGRAM = (
+    "import json, os\n"
+    "if os.environ.get('OMPI_COMM_WORLD_RANK') == '0':\n"
+    "    print('AIRFLOW_MPI_RESULT ' + json.dumps({'uid': os.getuid(), 'size': int(os.environ['OMPI_COMM_WORLD_SIZE'])}))\n"
+)
+
+
+class Log(list[str]):
+    def __call__(self, text: str) -> None:
+        self.extend(text.splitlines())
+
+
+def make_plan(namespace: str, **fields: Any) -> JobPlan:
+    data: dict[str, Any] = {
+        "name": "sec",
+        "image": "registry.example/airflow-mpi-train:0.1",
+        "command": [sys.executable, "-c", PROGRAM],
+        "workers": {"replicas": 1},
+        "startup_timeout": 60,
+        "timeout": 120,
+        "pod": {"namespace": namespace},
+    }
+    data.update(fields)
+    return render_plan(MPIJobSpec.from_dict(data), RunIdentity("secdag", "train", f"r-{time.monotonic_ns()}"))
+
+
+def role_verbs() -> list[tuple[str, str]]:
+    return [
+        (resource, verb) for rule in readme_role_rules() for resource in rule["resources"] for verb in rule["verbs"]
+    ]
+
+
+def without(rules: list[dict[str, Any]], resource: str, verb: str) -> list[dict[str, Any]]:
+    """The rules with ``verb`` on ``resource`` taken away (and nothing else)."""
+    out = []
+    for rule in copy.deepcopy(rules):
+        if resource in rule["resources"] and verb in rule["verbs"]:
+            rest = [r for r in rule["resources"] if r != resource]
+            if rest:
+                out.append({**rule, "resources": rest})
+            verbs = [v for v in rule["verbs"] if v != verb]
+            if verbs:
+                out.append({**rule, "resources": [resource], "verbs": verbs})
+        else:
+            out.append(rule)
+    return out
+
+
+def backend_as(cluster: Cluster, namespace: str, rules: list[dict[str, Any]], tmp_path: Path) -> KubernetesBackend:
+    kubeconfig = cluster.service_account_kubeconfig(namespace, "airflow-worker", rules, tmp_path / "sa.kubeconfig")
+    return KubernetesBackend(api_client=api_client(kubeconfig), namespace=namespace)
+
+
+def test_the_readme_role_is_enough(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    backend = backend_as(cluster, namespace, readme_role_rules(), tmp_path)
+    log = Log()
+    result = JobRunner(backend, make_plan(namespace), log).run()
+    assert result.exit_code == 0 and result.result == {"uid": 0, "size": 2}, log
+    assert job_objects(cluster.api(), namespace) == []
+
+
+@pytest.mark.parametrize(("resource", "verb"), role_verbs(), ids=[f"{r}-{v}" for r, v in role_verbs()])
+def test_each_verb_of_the_readme_role_is_needed(
+    cluster: Cluster, namespace: str, tmp_path: Path, resource: str, verb: str
+) -> None:
+    backend = backend_as(cluster, namespace, without(readme_role_rules(), resource, verb), tmp_path)
+    plan = make_plan(namespace)
+    with pytest.raises(MPIJobError) as caught:
+        JobRunner(backend, plan, Log()).run()
+    message = str(caught.value)
+    assert f"cannot `{verb}` `{resource}`" in message, message
+    assert f"add `{verb}` on `{resource}`" in message, message
+    # The job could not clean up what the missing verb guards: the admin does.
+    admin = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+    admin.teardown(plan.job_name)
+
+
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+
+def test_a_restricted_namespace_refuses_a_root_job_with_the_admission_message(cluster: Cluster) -> None:
+    namespace = f"r-{time.monotonic_ns() % 10**8}"
+    cluster.create_namespace(namespace, RESTRICTED)
+    try:
+        backend = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+        with pytest.raises(MPIJobError) as caught:
+            JobRunner(backend, make_plan(namespace), Log()).run()
+        message = str(caught.value)
+        assert 'violates PodSecurity "restricted:latest"' in message, message
+        assert "403 Forbidden" in message and "pod.run_as_user" in message, message
+        assert job_objects(cluster.api(), namespace) == []
+    finally:
+        cluster.delete_namespace(namespace)
+
+
+def test_a_run_as_user_job_runs_in_a_restricted_namespace(cluster: Cluster, user: pwd.struct_passwd) -> None:  # noqa: F811
+    namespace = f"r-{time.monotonic_ns() % 10**8}"
+    cluster.create_namespace(namespace, RESTRICTED)
+    try:
+        backend = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+        plan = make_plan(
+            namespace,
+            command=["/usr/bin/python3", "-c", PROGRAM],  # the user cannot enter /root (this interpreter's home)
+            ssh_port=2222,
+            pod={"namespace": namespace, "run_as_user": user.pw_uid, "run_as_group": user.pw_gid},
+        )
+        log = Log()
+        result = JobRunner(backend, plan, log).run()
+        assert result.result == {"uid": user.pw_uid, "size": 2}, log
+        assert job_objects(cluster.api(), namespace) == []
+    finally:
+        cluster.delete_namespace(namespace)

@@ -1,0 +1,35 @@
+"""DAGs for the real-cluster tier (tests/cluster): a real mpi4py job on the Kubernetes backend,
+unmapped and mapped, waiting and deferred, through the connection ``mpi_real``."""
+
+from __future__ import annotations
+
+import sys
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_mpi.operators.mpi import MPIJobOperator
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+REAL_JOB = {
+    "name": "real-e2e",
+    "image": "registry.example/airflow-mpi-train:0.1",
+    "command": [
+        sys.executable,
+        "-c",
+        "from mpi4py import MPI; import json; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
+        "print('rank', c.rank, 'of', c.size)\n"
+        "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size}))",
+    ],
+    "workers": {"replicas": 2},
+    "startup_timeout": 90,
+    "timeout": 120,
+}
+
+with DAG("mpi_test_real", schedule=None, start_date=START, catchup=False):
+    for deferrable in (False, True):
+        mode = "deferred" if deferrable else "waiting"
+        MPIJobOperator(task_id=mode, job=REAL_JOB, mpi_conn_id="mpi_real", deferrable=deferrable, retries=0)
+        MPIJobOperator.partial(
+            task_id=f"{mode}_mapped", mpi_conn_id="mpi_real", deferrable=deferrable, retries=0
+        ).expand(job=[REAL_JOB, {**REAL_JOB, "workers": {"replicas": 1}}])
