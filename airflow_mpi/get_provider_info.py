@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_mpi import __version__
+from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -35,8 +36,11 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": {
                     "backend": {
                         "label": "Backend",
-                        "description": "'local' (namespaced processes on this machine), 'kubernetes' or 'volcano'",
-                        "schema": {"type": ["string", "null"], "enum": ["local", "kubernetes", "volcano", None]},
+                        "description": "'local' (namespaced processes on this machine), 'kubernetes' (pods), "
+                        "'volcano' (a Volcano Job) or 'mpijob' (a Kubeflow MPIJob, run by mpi-operator)",
+                        # The hook's names and default: the form preselects the default and
+                        # offers no empty choice (the hook treats an unset backend as the default).
+                        "schema": {"type": "string", "enum": list(BACKEND_NAMES), "default": DEFAULT_BACKEND},
                     },
                     "kubernetes_conn_id": {
                         "label": "Kubernetes connection id",

@@ -14,7 +14,6 @@ from urllib.parse import quote
 
 URL_TEMPLATE_EXTRA = "job_url_template"
 URL_FIELDS = ("namespace", "job", "dag_id", "task_id", "run_id", "try_number")
-LINK_XCOM_KEY = "mpi_job"  # {"job": ..., "namespace": ...}, pushed when the job is submitted
 
 
 def check_url_template(template: object) -> str | None:
@@ -25,18 +24,18 @@ def check_url_template(template: object) -> str | None:
     if not isinstance(template, str):
         return f"is {type(template).__name__}, not text; {fix}"
     if not template.startswith(("https://", "http://")):
-        return f"{template!r:.80} does not start with https:// or http://; {fix}"
+        return f"{template!r} does not start with https:// or http://; {fix}"
     try:
         parts = list(Formatter().parse(template))
     except ValueError as error:
-        return f"{template!r:.80} is not a template ({error}); write a literal brace as {{{{ or }}}}; {fix}"
+        return f"{template!r} is not a template ({error}); write a literal brace as {{{{ or }}}}; {fix}"
     for _, field, spec, conversion in parts:
         if field is None:
             continue
         if field not in URL_FIELDS:
-            return f"{template!r:.80} names the unknown field {{{field}}}; {fix}"
+            return f"{template!r} names the unknown field {{{field}}}; {fix}"
         if spec or conversion:
-            return f"{template!r:.80} formats the field {{{field}}}; write it bare; {fix}"
+            return f"{template!r} formats the field {{{field}}}; write it bare; {fix}"
     return None
 
 

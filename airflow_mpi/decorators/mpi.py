@@ -31,6 +31,7 @@ from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.operators.mpi import MPIJobOperator
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
+from airflow_mpi.xcomkeys import JOB_SUMMARY
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 # The job fields the decorator takes; the function is the command, and its files are generated.
 JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(MPIJobSpec)) - {"command", "files"}
-JOB_SUMMARY_KEY = "mpi_job"  # XCom key of the job's summary (name, np, timings); the return value is rank 0's
 MAX_DEFAULT_NAME = 40  # fits pod names up to 1000 workers (docs/contract.md#roles-and-names)
 
 
@@ -102,9 +102,9 @@ class _MPIDecoratedOperator(DecoratedOperator, MPIJobOperator):
     def _returned(self, context: Context, summary: dict[str, Any]) -> Any:
         """Rank 0's return value; the job's summary goes to its own XCom key."""
         try:
-            context["ti"].xcom_push(key=JOB_SUMMARY_KEY, value={k: v for k, v in summary.items() if k != "result"})
+            context["ti"].xcom_push(key=JOB_SUMMARY, value={k: v for k, v in summary.items() if k != "result"})
         except Exception as error:  # the summary is extra: never fail a finished job on it
-            self.log.warning("could not push the job summary to XCom key %r: %s", JOB_SUMMARY_KEY, error)
+            self.log.warning("could not push the job summary to XCom key %r: %s", JOB_SUMMARY, error)
         return self._handle_output(summary.get("result"))
 
 

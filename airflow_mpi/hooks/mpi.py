@@ -14,11 +14,12 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
 
+from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND
 from airflow_mpi.backends.base import Backend
 from airflow_mpi.exceptions import BackendUnavailable
 from airflow_mpi.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
 
-BACKENDS = ("local", "kubernetes", "volcano", "mpijob")
+BACKENDS = BACKEND_NAMES
 
 
 class MPIJobHook(BaseHook):
@@ -30,6 +31,9 @@ class MPIJobHook(BaseHook):
     def __init__(self, mpi_conn_id: str | None = default_conn_name) -> None:
         super().__init__()
         self.mpi_conn_id = mpi_conn_id
+        # How messages name the connection. A connection test names it "this connection": the
+        # UI and the REST API test a copy under a generated id the user has never seen.
+        self._named = f"connection {mpi_conn_id!r}"
 
     def connection_extras(self) -> dict[str, Any]:
         """The connection's extras; ``{}`` when no such connection exists (local defaults)."""
@@ -45,7 +49,7 @@ class MPIJobHook(BaseHook):
         extras = dict(connection.extra_dejson or {})
         problem = check_url_template(extras.get(URL_TEMPLATE_EXTRA))
         if problem:
-            raise BackendUnavailable(f"connection {self.mpi_conn_id!r}: extra {URL_TEMPLATE_EXTRA!r} {problem}")
+            raise BackendUnavailable(f"{self._named}: extra {URL_TEMPLATE_EXTRA!r} {problem}")
         return extras
 
     def job_url(self, fields: dict[str, object]) -> str:
@@ -55,7 +59,7 @@ class MPIJobHook(BaseHook):
 
     def get_backend(self) -> Backend:
         extras = self.connection_extras()
-        kind = extras.get("backend") or "local"
+        kind = extras.get("backend") or DEFAULT_BACKEND
         if kind == "local":
             from airflow_mpi.backends.local import LocalBackend
 
@@ -88,8 +92,7 @@ class MPIJobHook(BaseHook):
                 api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
             )
         raise BackendUnavailable(
-            f"connection {self.mpi_conn_id!r}: backend {kind!r} is unknown; set its extra 'backend' to one of "
-            f"{', '.join(BACKENDS)}"
+            f"{self._named}: backend {kind!r} is unknown; set its extra 'backend' to one of {', '.join(BACKENDS)}"
         )
 
     def _seconds(self, extras: dict[str, Any], key: str, default: float) -> float:
@@ -100,7 +103,7 @@ class MPIJobHook(BaseHook):
             seconds = -1.0
         if not 1 <= seconds <= 86400:
             raise BackendUnavailable(
-                f"connection {self.mpi_conn_id!r}: extra {key!r} is {value!r}; set it to a number of seconds "
+                f"{self._named}: extra {key!r} is {value!r}; set it to a number of seconds "
                 f"from 1 to 86400 (default {default:.0f})"
             )
         return seconds
@@ -111,7 +114,9 @@ class MPIJobHook(BaseHook):
     def test_connection(self) -> tuple[bool, str]:
         """``airflow connections test``: local: the doctor's checks of this machine; Kubernetes:
         a real request listing pods in the namespace, saying what failed (unreachable, 401, 403
-        with the verb and resource, a namespace that does not exist)."""
+        with the verb and resource, a namespace that does not exist). Messages name the connection
+        "this connection", never by the id Airflow generated for the test."""
+        named, self._named = self._named, "this connection"
         try:
             backend = self.get_backend()
             if backend.name == "local":
@@ -125,6 +130,8 @@ class MPIJobHook(BaseHook):
             return check_access(backend, backend.namespace_for(MPIJobSpec(name="check", command=("true",))))
         except Exception as error:
             return False, str(error)
+        finally:
+            self._named = named
 
     def _test_local(self) -> tuple[bool, str]:
         from airflow_mpi.doctor import run_local_doctor

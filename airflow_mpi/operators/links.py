@@ -1,9 +1,10 @@
 """The "MPI job" button on an MPI task in the Airflow UI: a link to the job in a cluster dashboard
 or log viewer, from the ``mpi`` connection's ``job_url_template``.
 
-The operator pushes the job's name and namespace to XCom (``LINK_XCOM_KEY``) when it submits the
-job, before anything runs, so the link exists for a task that fails or is still running too;
-Airflow calls ``get_link`` in the worker when the task ends and keeps what it returns.
+Airflow 3 shows a task's links on its Details tab, from what is stored under the link's XCom key
+(``xcomkeys.JOB_LINK``); it calls ``get_link`` in the worker when the task ends and stores the
+answer. The operator stores the same link as soon as it submits the job (``store_job_link``),
+so the button is there while the job runs, and for a task that fails later too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_mpi.joblink import LINK_XCOM_KEY
+from airflow_mpi.xcomkeys import JOB_LINK, JOB_REF
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -24,20 +25,44 @@ class MPIJobLink(BaseOperatorLink):
 
     name = "MPI job"
 
+    @property
+    def xcom_key(self) -> str:
+        return JOB_LINK
+
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom
 
-        from airflow_mpi.hooks.mpi import MPIJobHook
-
-        ref: Any = XCom.get_value(ti_key=ti_key, key=LINK_XCOM_KEY)
+        ref: Any = XCom.get_value(ti_key=ti_key, key=JOB_REF)
         if not isinstance(ref, dict) or not ref.get("job"):
             return ""  # the task ended before it submitted a job
-        fields = {
-            "job": ref["job"],
-            "namespace": ref.get("namespace", ""),
-            "dag_id": ti_key.dag_id,
-            "task_id": ti_key.task_id,
-            "run_id": ti_key.run_id,
-            "try_number": ti_key.try_number,
-        }
-        return MPIJobHook(getattr(operator, "mpi_conn_id", MPIJobHook.default_conn_name)).job_url(fields)
+        return job_url(getattr(operator, "mpi_conn_id", None), ref, ti_key)
+
+
+def job_url(conn_id: str | None, ref: dict[str, Any], ti: Any) -> str:
+    """The link to the job ``ref`` names ({"job", "namespace"}) for the task instance ``ti`` (a
+    TaskInstanceKey or a running task instance: its ids and try number); "" without a template."""
+    from airflow_mpi.hooks.mpi import MPIJobHook
+
+    fields = {
+        "job": ref["job"],
+        "namespace": ref.get("namespace", ""),
+        "dag_id": ti.dag_id,
+        "task_id": ti.task_id,
+        "run_id": ti.run_id,
+        "try_number": ti.try_number,
+    }
+    return MPIJobHook(conn_id or MPIJobHook.default_conn_name).job_url(fields)
+
+
+def store_job_link(conn_id: str | None, ref: dict[str, Any], ti: Any) -> str:
+    """Store the link under the key the UI reads, now, rather than only when the task ends.
+    Written as Airflow writes links: to the metadata database, never to a custom XCom backend,
+    because the API server reads links from the database."""
+    from airflow.sdk.execution_time.xcom import XCom
+
+    url = job_url(conn_id, ref, ti)
+    if url:
+        XCom._set_xcom_in_db(
+            key=JOB_LINK, value=url, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=ti.map_index
+        )
+    return url

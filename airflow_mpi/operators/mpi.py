@@ -30,12 +30,12 @@ from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBack
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
-from airflow_mpi.joblink import LINK_XCOM_KEY
 from airflow_mpi.naming import RunIdentity
-from airflow_mpi.operators.links import MPIJobLink
+from airflow_mpi.operators.links import MPIJobLink, store_job_link
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.runner import JobRunner, plan_for, resume_or_clean
 from airflow_mpi.spec import MPIJobSpec
+from airflow_mpi.xcomkeys import JOB_REF
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -212,11 +212,14 @@ class MPIJobOperator(BaseOperator):
         return result.to_dict()
 
     def _push_job_ref(self, context: Context, plan: JobPlan, backend: Backend) -> None:
-        """The job's name and namespace (never keys), for the task's "MPI job" link. The link is a
-        convenience: a task instance that cannot push XCom still runs its job."""
+        """The job's name and namespace (never keys), and the task's "MPI job" link at once, so
+        the UI shows it while the job runs. The link is a convenience: a task instance that
+        cannot push XCom still runs its job."""
         namespace = backend.namespace_for(plan.spec) if isinstance(backend, ReattachableBackend) else backend.name
+        ref = {"job": plan.job_name, "namespace": namespace}
         try:
-            context["ti"].xcom_push(key=LINK_XCOM_KEY, value={"job": plan.job_name, "namespace": namespace})
+            context["ti"].xcom_push(key=JOB_REF, value=ref)
+            store_job_link(self.mpi_conn_id, ref, context["ti"])
         except Exception as error:
             self.log.warning("no 'MPI job' link for %s: %s", plan.job_name, error)
 

@@ -48,3 +48,9 @@ def test_a_bad_template_says_what_and_the_fields_to_use(template: object, says: 
     problem = check_url_template(template)
     assert problem is not None and says in problem
     assert "use only the fields {namespace}, {job}, {dag_id}, {task_id}, {run_id}, {try_number}" in problem
+
+
+def test_a_bad_template_is_shown_whole() -> None:
+    template = "https://grafana.example.internal/explore?orgId=1&left=%5B%22now-1h%22%5D&from=now-6h&ns={ns}&job={job}"
+    problem = check_url_template(template)
+    assert problem is not None and problem.startswith(f"{template!r} names the unknown field {{ns}}")

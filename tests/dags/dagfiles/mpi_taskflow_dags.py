@@ -140,3 +140,17 @@ with DAG("mpi_test_taskflow_k8s_too_big", schedule=None, start_date=START, catch
         return len(blob)
 
     k8s_too_big("x" * 1_200_000)
+
+# The "MPI job" link of @task.mpi tasks, through the Kubernetes double with scripted pods (the
+# function never runs there: the link is about the job, not its result): unmapped and mapped,
+# waiting and deferred.
+with DAG("mpi_test_k8s_decorated_links", schedule=None, start_date=START, catchup=False):
+    for deferrable in (False, True):
+        mode = "deferred" if deferrable else "waiting"
+
+        @task.mpi(task_id=mode, name="linked", mpi_conn_id="mpi_k8s", deferrable=deferrable, retries=0, **K8S)
+        def linked(lr: float) -> None:
+            print(lr)
+
+        linked(0.1)
+        linked.override(task_id=f"{mode}_mapped").expand(lr=[0.1, 0.01])

@@ -100,3 +100,7 @@ with DAG("mpi_test_k8s_mapped", schedule=None, start_date=START, catchup=False):
         MPIJobOperator.partial(
             task_id=f"{mode}_mapped", mpi_conn_id="mpi_k8s", deferrable=deferrable, retries=0
         ).expand(job=[SCRIPTED_JOB, {**SCRIPTED_JOB, "workers": {"replicas": 2}}])
+
+# A job whose master runs until the test has looked at the task's link (the test scripts it).
+with DAG("mpi_test_k8s_link_while_running", schedule=None, start_date=START, catchup=False):
+    MPIJobOperator(task_id="train", job={**SCRIPTED_JOB, "name": "slow"}, mpi_conn_id="mpi_k8s", retries=0)
