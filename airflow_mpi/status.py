@@ -136,6 +136,14 @@ def pod_state_from_k8s(pod: Mapping[str, Any]) -> PodState:
     scheduled = conditions.get("PodScheduled") or {}
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         reason, message = "Unschedulable", scheduled.get("message", "")
+    elif phase is PodPhase.PENDING and not scheduled and not reason:
+        # Every scheduler records its decision in this condition: none at all means none has
+        # looked at the pod (reported only if the pod is still waiting at startup_timeout).
+        reason = "NotScheduled"
+        message = (
+            "no scheduler has looked at the pod: check that the cluster's scheduler (or the one "
+            "scheduling.scheduler_name names) is running"
+        )
     if reason == "Completed" and exit_code == 0:
         reason = ""
     return PodState(name, role, phase, ready=ready, exit_code=exit_code, reason=reason, message=message)

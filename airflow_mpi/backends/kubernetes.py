@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import queue
 import threading
 import time
@@ -73,6 +74,7 @@ from airflow_mpi.status import PodPhase, PodState, PodTable, WatchLoop, pod_stat
 KINDS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
+_log = logging.getLogger(__name__)
 TEARDOWN_WAIT = 60.0  # for the pods to go once the API has accepted the delete
 TAIL_READ_TIMEOUT = 10.0  # a failure message's "last lines" are not worth a longer wait
 GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the owner Service is gone
@@ -581,16 +583,40 @@ class KubernetesBackend:
                     left = [p["metadata"]["name"] for p in self._list(namespace, "pods", job_selector(job_name), since)]
             left = left or []
             job.final_pods = left
-            for pod in left:  # the collector is slow or off: delete directly
-                try:
-                    self._delete(namespace, "pods", pod, since)
-                except BackendError as error:
-                    failed = failed or error
+            if left:
+                failed = self._delete_without_collector(namespace, job_name, left, since) or failed
             if failed is not None:
                 raise failed
         finally:
             if job is not None:
                 job.watcher.stop()
+
+    def _delete_without_collector(
+        self, namespace: str, job_name: str, pods: list[str], since: float
+    ) -> BackendError | None:
+        """The garbage collector did not remove the job's pods in ``TEARDOWN_WAIT``: it is slow or
+        not running. Delete the pods and the objects the Service owned (the Secret holds the job's
+        private key) directly, and say so."""
+        _log.warning(
+            "the garbage collector did not delete the pods of job %s within %.0f s (is kube-controller-manager "
+            "running?): deleting the job's pods, Secret and ConfigMap directly",
+            job_name,
+            TEARDOWN_WAIT,
+        )
+        failed: BackendError | None = None
+        objects = [("pods", pod) for pod in pods]
+        for plural in ("secrets", "configmaps"):
+            with contextlib.suppress(BackendError):
+                objects += [
+                    (plural, o["metadata"]["name"])
+                    for o in self._list(namespace, plural, job_selector(job_name), since)
+                ]
+        for plural, name in objects:
+            try:
+                self._delete(namespace, plural, name, since)
+            except BackendError as error:
+                failed = failed or error
+        return failed
 
     def _delete(self, namespace: str, plural: str, name: str, since: float, propagation: str = "") -> bool:
         """DELETE one object (bounded by ``api_timeout`` from ``since``); False if it was gone."""

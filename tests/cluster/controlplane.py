@@ -10,6 +10,7 @@ Every process is this one's child and dies with it (parent-death signal), its ou
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import json
@@ -42,6 +43,12 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# The parent-death signal fires when the *thread* that forked the child ends: every process is
+# forked from this one long-lived thread, so one restarted from a short-lived thread (a fault
+# test's) lives on.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-spawner")
+
+
 @dataclass
 class Process:
     """A child process of the control plane with its log file."""
@@ -55,7 +62,8 @@ class Process:
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
+            self.popen = _SPAWNER.submit(
+                subprocess.Popen,
                 self.argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -63,7 +71,7 @@ class Process:
                 env=self.env,
                 preexec_fn=_die_with_parent,
                 start_new_session=True,
-            )
+            ).result()
 
     @property
     def alive(self) -> bool:

@@ -445,6 +445,8 @@ class PodRunner:
         """After the deletionTimestamp: everything stopped, then the final DELETE."""
         self.kill(grace=0)
         self.agent.remove_sandbox_pod(self)
+        if self.agent.stopping.is_set():
+            return  # the agent stops, not the pod: a kubelet going away deletes no pod
         with self.lock:
             if "running" in self.cstate.state or "waiting" in self.cstate.state:
                 self.cstate.state = _terminated(137 if "running" in self.cstate.state else 0, "Error")
@@ -935,6 +937,8 @@ class NodeAgent:
                 hostname,
             ]
         with self._hosts_lock:
+            if self.stopping.is_set():  # shutdown destroys the sandbox: add nothing to it now
+                raise RuntimeError("the node agent is stopping")
             (entry,) = self.sandbox.add_pods([runner.key])
             self._hosts[runner.key] = (entry.ip, tuple(names))
             self.sandbox.write_hosts(list(self._hosts.values()))
@@ -1001,12 +1005,16 @@ class NodeAgent:
     def shutdown(self) -> None:
         """Every pod stopped, the sandbox destroyed (the Node objects stay with the cluster)."""
         self.stopping.set()
-        for node in self.nodes:
-            for runner in list(node.pods.values()):
-                runner.deleting.set()
-                with contextlib.suppress(Exception):
-                    runner.kill(grace=0)
-        self.sandbox.destroy()
+        runners = [runner for node in self.nodes for runner in list(node.pods.values())]
+        for runner in runners:
+            runner.deleting.set()
+            with contextlib.suppress(Exception):
+                runner.kill(grace=0)
+        deadline = time.monotonic() + 30
+        for runner in runners:  # a runner may be adding its pod: let it finish first
+            runner.thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        with self._hosts_lock:
+            self.sandbox.destroy()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -48,6 +48,10 @@ operator.execute({"ti": ti, "task_state_store": FileStore(sys.argv[3])})
 """
 
 
+def steps(lines: list[str]) -> list[str]:
+    return [line.split("<stdout>:step ", 1)[1][:3] for line in lines if "<stdout>:step " in line]
+
+
 def test_a_retry_after_sigkill_reattaches_and_goes_on_where_the_log_stopped(
     cluster: Cluster, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -58,25 +62,30 @@ def test_a_retry_after_sigkill_reattaches_and_goes_on_where_the_log_stopped(
         value = FileStore(str(store)).get("airflow_mpi")
         return int(value["lines"]) if value else 0
 
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps(SPEC), run_id, str(store), str(REPO)],
-        env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    first_out = tmp_path / "first-try.log"
+    with first_out.open("wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, json.dumps(SPEC), run_id, str(store), str(REPO)],
+            env=os.environ.copy(), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     deadline = time.monotonic() + 180
     while progress() < 20 and time.monotonic() < deadline:
         assert child.poll() is None, "the first try ended by itself"
         time.sleep(0.05)
     child.kill()  # SIGKILL: a worker that dies takes no finally with it
     child.wait()
-    first_shown = progress()
-    assert first_shown >= 20
+    first_steps = steps(first_out.read_text(errors="replace").splitlines())
+    assert len(first_steps) >= 10, first_steps
     assert job_objects(cluster.api(), namespace), "the job lives on without its operator"
 
     operator = MPIJobOperator(task_id="train", job=SPEC, mpi_conn_id="mpi_k8s")
     ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=run_id, map_index=-1, try_number=2)
     capfd.readouterr()
     result = operator.execute({"ti": ti, "task_state_store": FileStore(str(store))})  # type: ignore[arg-type]
-    shown = [line.split("step ", 1)[1][:3] for line in capfd.readouterr().out.splitlines() if "<stdout>:step " in line]
+    shown = steps(capfd.readouterr().out.splitlines())
     assert result["result"] == {"steps": LINES}
-    assert shown == [f"{i:03d}" for i in range(first_shown, LINES)]
+    # It went on from the first try's last saved progress: not from the start, no step skipped,
+    # and at most the lines the first try showed after it last saved again.
+    assert shown == [f"{i:03d}" for i in range(int(shown[0]), LINES)], shown
+    assert 0 < int(shown[0]) <= int(first_steps[-1]) + 1, (first_steps, shown[:3])
     assert job_objects(cluster.api(), namespace) == []
