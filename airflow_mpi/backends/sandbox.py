@@ -95,6 +95,23 @@ class Mount:
         return ["--bind", self.source, self.target, "ro" if self.read_only else "rw"]
 
 
+def render_hosts(entries: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """A pod's /etc/hosts: localhost, then each (ip, names). An IPv4 address is named a second
+    time as IPv4-mapped IPv6 (``::ffff:10.244.0.2``): a dual-stack socket, such as torch's
+    TCPStore (the rendezvous of torch.distributed), holds the peers' addresses in that form, and
+    the C library resolves a mapped address only from a line that spells it so; without it each
+    rank's lookup goes to a DNS server the pod cannot reach and c10d warns "The hostname of the
+    client socket cannot be retrieved". The IPv4 line comes first, so a lookup of a name still
+    gives the IPv4 address first (ssh, Open MPI and gloo connect to it as before)."""
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+    for ip, names in entries:
+        lines.append(f"{ip} {' '.join(names)}")
+    for ip, names in entries:
+        if isinstance(ipaddress.ip_address(ip), ipaddress.IPv4Address):
+            lines.append(f"::ffff:{ip} {' '.join(names)}")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class SandboxPod:
     name: str
@@ -251,9 +268,7 @@ class Sandbox:
     def write_hosts(self, entries: Sequence[tuple[str, Sequence[str]]]) -> None:
         """Every pod's /etc/hosts: localhost plus ``entries`` (ip, names). Written in place, so
         running pods, which see the file through a bind mount, see the change."""
-        text = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n" + "".join(
-            f"{ip} {' '.join(names)}\n" for ip, names in entries
-        )
+        text = render_hosts(entries)
         for pod in self.pods.values():
             path = NETNS_HOSTS_DIR / pod.netns / "hosts"
             with contextlib.suppress(FileNotFoundError), path.open("r+") as handle:

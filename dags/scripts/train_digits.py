@@ -58,6 +58,7 @@ def main() -> None:
     # On CPU, init_distributed JIT-builds an inference-only all-reduce op (~100 s cold): skip it.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=True)
+    use_current_collectives(dist)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
 
@@ -137,6 +138,21 @@ def main() -> None:
         print("AIRFLOW_MPI_RESULT " + json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def use_current_collectives(dist: object) -> None:
+    """ZeRO gathers and scatters its partitions through DeepSpeed's torch backend, which calls
+    ``torch.distributed.all_gather_into_tensor`` and ``reduce_scatter_tensor``: torch 2.13
+    deprecates both (a FutureWarning on every rank) for ``all_gather_single`` and
+    ``reduce_scatter_single``, the same collectives with the same arguments. Give the backend
+    the current ones; with an older torch that lacks them it keeps its own choice."""
+    from deepspeed.comm import comm
+
+    backend = comm.cdb
+    if hasattr(dist, "all_gather_single"):
+        backend.all_gather_function = dist.all_gather_single
+    if hasattr(dist, "reduce_scatter_single"):
+        backend.reduce_scatter_function = dist.reduce_scatter_single
 
 
 def resume(engine: object, directory: Path, epochs: int, dist: object) -> int:

@@ -82,6 +82,28 @@ def test_hello_world_across_three_pods(backend: LocalBackend) -> None:
     assert backend.leftovers(plan.job_name) == []
 
 
+def test_torch_rendezvous_resolves_every_peer_without_warnings(backend: LocalBackend) -> None:
+    """torch.distributed's TCPStore is dual-stack: it holds peers as IPv4-mapped IPv6 addresses
+    and names them in its log lines. Each pod resolves those from its hosts file, so no rank warns
+    "The hostname of the client socket cannot be retrieved" (a DNS lookup the pod cannot make)."""
+    code = (
+        "import os, socket, torch.distributed as dist\n"
+        "ip = socket.getaddrinfo(os.environ['MASTER_ADDR'], 1, socket.AF_INET)[0][4][0]\n"
+        "print('mapped', socket.getnameinfo(('::ffff:' + ip, 1, 0, 0), socket.NI_NUMERICSERV)[0], flush=True)\n"
+        "dist.init_process_group('gloo')\n"
+        "dist.barrier()\n"
+        "print('rendezvous', dist.get_rank(), dist.get_world_size(), flush=True)\n"
+        "dist.destroy_process_group()\n"
+    )
+    plan = make_plan([PY, "-c", code], env={"OMP_NUM_THREADS": "1"})
+    log = Log()
+    result = run(backend, plan, log)
+    assert result.exit_code == 0
+    for rank in range(3):
+        assert log.rank_lines(rank) == [f"mapped {plan.master.host}", f"rendezvous {rank} 3"]
+    assert not [line for line in log.lines if "cannot be retrieved" in line or "Warning" in line], log.lines
+
+
 def test_mpi4py_allreduce_and_result(backend: LocalBackend) -> None:
     code = (
         "from mpi4py import MPI; import json; c = MPI.COMM_WORLD; total = c.allreduce(c.rank + 1)\n"
