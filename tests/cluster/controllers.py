@@ -80,7 +80,7 @@ def start_mpi_operator(cluster: Any) -> Process:
     assets = assets_dir(component) / "manifests" / "base"
     api = cluster.api()
     install_crds(api, [assets / "kubeflow.org_mpijobs.yaml"])
-    (role,) = [d for d in yaml_documents(assets / "cluster-role.yaml") if d.get("kind") == "ClusterRole"]
+    (role,) = [d for d in yaml_documents(assets / "cluster-role.yaml") if d["metadata"]["name"] == "mpi-operator"]
     kubeconfig = service_account_with_cluster_role(
         cluster, "mpi-operator", "mpi-operator", role, cluster.workdir / "mpi-operator.kubeconfig"
     )

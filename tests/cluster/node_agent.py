@@ -480,6 +480,11 @@ class PodRunner:
 
     def _mounts(self, spec: Obj) -> list[Mount]:
         mounts = [Mount("/tmp", tmpfs_size="50%", tmpfs_mode="1777"), Mount("/run/sshd", tmpfs_size="1m")]
+        user = _run_as(spec, self.container)
+        if user is not None:
+            # What an image built for the user has (docker/install-runtime.sh --user): the pod
+            # contract's runtime directory owned by it, so sshd's StrictModes accepts the job key.
+            mounts.append(Mount("/run/airflow-mpi", tmpfs_size="16m", tmpfs_owner=user))
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         root = self.agent.volume_dir / self.uid
         binds: list[Mount] = []
@@ -491,10 +496,17 @@ class PodRunner:
             path = root / volume["name"]
             if "emptyDir" in volume:
                 empty = volume["emptyDir"] or {}
+                fs_group = (spec.get("securityContext") or {}).get("fsGroup")
                 if empty.get("medium") == "Memory":
-                    mounts.append(Mount(target, tmpfs_size=_tmpfs_size(empty.get("sizeLimit", "64Mi"))))
+                    owner = (0, int(fs_group)) if fs_group is not None else None
+                    mode = "2777" if fs_group is not None else "0777"
+                    mounts.append(Mount(target, tmpfs_size=_tmpfs_size(empty.get("sizeLimit", "64Mi")),
+                                        tmpfs_mode=mode, tmpfs_owner=owner))  # fmt: skip
                     continue
                 path.mkdir(parents=True, exist_ok=True)
+                path.chmod(0o777)  # the kubelet's emptyDir: writable by any user of the pod
+                if fs_group is not None:
+                    _apply_fs_group(path, int(fs_group), read_only=False)
             elif "hostPath" in volume:
                 path = Path(volume["hostPath"]["path"])
             else:
@@ -533,6 +545,9 @@ class PodRunner:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             target.chmod(mode)
+        fs_group = (self.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        if fs_group is not None:
+            _apply_fs_group(path, int(fs_group), read_only=True)
 
     def _object_files(self, source: Obj, secret: bool) -> list[tuple[str, bytes, int]]:
         name = source["secretName"] if secret else source["name"]
@@ -1030,6 +1045,19 @@ def _plain(handler: BaseHTTPRequestHandler, code: int, text: str, close: bool = 
         handler.send_header("Connection", "close")
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def _apply_fs_group(root: Path, gid: int, read_only: bool) -> None:
+    """The kubelet's volume ownership for ``fsGroup``: every file and directory in the group,
+    files group-readable (and writable unless read-only), directories setgid and searchable."""
+    mask = 0o440 if read_only else 0o660
+    for path in [root, *root.rglob("*")]:
+        os.lchown(path, -1, gid)
+        mode = path.stat().st_mode & 0o7777
+        if path.is_dir():
+            path.chmod(mode | mask | 0o2110)
+        else:
+            path.chmod(mode | mask)
 
 
 def _terminated(exit_code: int, reason: str) -> Obj:
