@@ -36,8 +36,10 @@ from airflow_mpi.backends.k8s_errors import (
     API_TIMEOUT,
     BAD_REQUEST,
     CONFLICT,
+    FORBIDDEN,
     GONE,
     NOT_FOUND,
+    RBAC_DOC,
     ApiRequest,
     ApiSilence,
     api_status,
@@ -64,6 +66,13 @@ from airflow_mpi.manifests import (
     secret_name,
 )
 from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
+from airflow_mpi.permissions import (
+    POD_BACKEND_RULES,
+    Permission,
+    build_permissions,
+    missing_permissions,
+    render_missing,
+)
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.podlog import LineSplitter, RankLineSplitter
 from airflow_mpi.readiness import HostProbe, probes_from_states
@@ -127,6 +136,7 @@ class KubernetesBackend:
         self.log_read_timeout = log_read_timeout
         self.api_timeout = api_timeout
         self._jobs: dict[str, _Job] = {}
+        self._permitted: set[str] = set()  # namespaces whose permissions were checked
 
     # --- clients --------------------------------------------------------------------------
 
@@ -211,8 +221,46 @@ class KubernetesBackend:
 
     # --- create ---------------------------------------------------------------------------
 
+    # What this backend's credentials must be allowed (checked once per namespace, before the
+    # first create); a backend that manages other resources names its own, or none to skip.
+    required_permissions: tuple[Permission, ...] = build_permissions(POD_BACKEND_RULES)
+
+    def check_permissions(self, namespace: str) -> None:
+        """Fail before anything is created when the credentials lack a verb the job needs (one
+        SelfSubjectRulesReview). An answer the server marks incomplete (a webhook authorizer) is
+        not judged: the requests themselves will say."""
+        if not self.required_permissions or namespace in self._permitted:
+            return
+        from kubernetes.client import AuthorizationV1Api
+
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectRulesReview",
+            "spec": {"namespace": namespace},
+        }
+        api = AuthorizationV1Api(self.core.api_client)
+        try:
+            response = self._send(
+                lambda timeout: api.create_self_subject_rules_review(
+                    review, _preload_content=False, _request_timeout=timeout
+                )
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) in (FORBIDDEN, NOT_FOUND):  # reviews not allowed or served: cannot check
+                self._permitted.add(namespace)
+                return
+            raise translate(error, ApiRequest("create", "selfsubjectrulesreviews", namespace), self.api_url) from error
+        status = json.loads(response.data or b"{}").get("status") or {}
+        missing = missing_permissions(status.get("resourceRules") or [], self.required_permissions)
+        if missing and not status.get("incomplete"):
+            raise LaunchError(render_missing(missing, namespace, RBAC_DOC))
+        self._permitted.add(namespace)
+
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
+        self.check_permissions(namespace)
         manifests = render_gang_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
         try:
             service = self._create_service(namespace, manifests[0])

@@ -344,6 +344,24 @@ class KubeDouble:
         with self._lock:
             self._granted = granted
 
+    # As an API server with a webhook authorizer answers: its rules review is incomplete, so a
+    # client cannot tell what it may do before it asks (each request's 403 says).
+    rules_review_incomplete = False
+
+    def resource_rules(self) -> list[Obj]:
+        """What a SelfSubjectRulesReview answers: the granted rules less the denied verbs."""
+        with self._lock:
+            granted, denied = self._granted, set(self._denied)
+        if granted is None and not denied:
+            return [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+        if granted is None:
+            resources = [*KINDS, "pods/log"]
+            verbs = ("create", "get", "list", "watch", "delete", "deletecollection", "update", "patch")
+            granted = {(verb, resource) for verb in verbs for resource in resources}
+        return [
+            {"apiGroups": [""], "resources": [resource], "verbs": [verb]} for verb, resource in sorted(granted - denied)
+        ]
+
     def expire_credentials(self, expired: bool = True) -> None:
         """Every request is 401 Unauthorized (a revoked or expired token), until called with False."""
         self.credentials_expired = expired
@@ -947,6 +965,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if url.path.startswith("/_double/"):
             self._control(method, url.path)
+            return
+        if url.path == "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews" and method == "POST":
+            review = self._body()
+            review["status"] = {
+                "resourceRules": double.resource_rules(),
+                "nonResourceRules": [],
+                "incomplete": double.rules_review_incomplete,
+            }
+            self._send_json(201, review)
             return
         namespace_path = self.NAMESPACE_ROUTE.match(url.path)
         if namespace_path is not None and method == "GET":

@@ -96,11 +96,10 @@ def test_each_verb_of_the_readme_role_is_needed(
     with pytest.raises(MPIJobError) as caught:
         JobRunner(backend, plan, Log()).run()
     message = str(caught.value)
-    assert f"cannot `{verb}` `{resource}`" in message, message
+    assert f"cannot `{verb}` `{resource}` in namespace {namespace}" in message, message
     assert f"add `{verb}` on `{resource}`" in message, message
-    # The job could not clean up what the missing verb guards: the admin does.
-    admin = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
-    admin.teardown(plan.job_name)
+    assert "checked before anything was created" in message
+    assert job_objects(cluster.api(), namespace) == []
 
 
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}

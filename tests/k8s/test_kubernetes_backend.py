@@ -43,7 +43,7 @@ def run(backend: KubernetesBackend, plan: JobPlan, log: Log | None = None) -> Jo
 
 
 @pytest.mark.parametrize("map_index", [-1, 5], ids=["unmapped", "mapped"])
-def test_happy_path_costs_n_plus_10_requests(
+def test_happy_path_costs_n_plus_11_requests(
     backend: KubernetesBackend, double: KubeDouble, scripts: Scripts, map_index: int
 ) -> None:
     scripts.on(
@@ -52,8 +52,12 @@ def test_happy_path_costs_n_plus_10_requests(
     plan = make_plan(workers=3, identity=RunIdentity("kdag", "train", unique("run"), map_index))
     result = run(backend, plan)
     assert result.result == {"loss": 0.1} and result.np == 4
-    assert len(double.requests) == 3 + 10, double.requests
+    assert len(double.requests) == 3 + 11, double.requests
     assert double.request_count("GET", "watch=True") == 1  # one watch, no polling
+    # One permission check (the first request: before anything is created), once per namespace.
+    assert double.requests[0] == ("POST", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews")
+    run(backend, make_plan(workers=1))
+    assert double.request_count("POST", "selfsubjectrulesreviews") == 1
     assert job_objects(double, plan.job_name) == []
 
 
@@ -222,8 +226,8 @@ def test_api_500_on_create_is_retried(backend: KubernetesBackend, double: KubeDo
     plan = make_plan(workers=2)
     result = run(backend, plan)
     assert result.exit_code == 0
-    # Service (+1 retry), Secret, ConfigMap, 2 workers + master (+2 retries)
-    assert double.request_count("POST") == 2 + 1 + 1 + 3 + 2
+    # The permission check, Service (+1 retry), Secret, ConfigMap, 2 workers + master (+2 retries)
+    assert double.request_count("POST") == 1 + 2 + 1 + 1 + 3 + 2
     assert job_objects(double, plan.job_name) == []
 
 

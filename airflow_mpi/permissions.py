@@ -1,0 +1,78 @@
+"""What a job's credentials must be allowed to do, and which of it a rules review lacks.
+
+The plain pods backend starts, follows, reattaches to and tears down a job with exactly the
+permissions of ``POD_BACKEND_RULES`` (the Role the README tells users to bind; a test keeps the
+two equal). The backend asks the API server once, before it creates anything, what its
+credentials may do (a SelfSubjectRulesReview), so a Role without one of those verbs fails the
+task at once, naming the verb, instead of at teardown with the job's objects left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, order=True)
+class Permission:
+    """One verb on one resource of one API group (``""``: the core group)."""
+
+    group: str
+    resource: str
+    verb: str
+
+    def describe(self) -> str:
+        return f"`{self.verb}` `{self.resource}`"
+
+
+# The README's Role, rule by rule (apiGroups, resources, verbs).
+POD_BACKEND_RULES: tuple[dict[str, list[str]], ...] = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {
+        "apiGroups": [""],
+        "resources": ["services", "secrets", "configmaps"],
+        "verbs": ["create", "get", "list", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+)
+
+
+def build_permissions(rules: Iterable[Mapping[str, Any]]) -> tuple[Permission, ...]:
+    """Every (group, resource, verb) a list of Role rules names, in order."""
+    return tuple(
+        Permission(group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups") or [""]
+        for resource in rule.get("resources") or []
+        for verb in rule.get("verbs") or []
+    )
+
+
+def _grants(rule: Mapping[str, Any], wanted: Permission) -> bool:
+    if rule.get("resourceNames"):  # only for named objects: no create or list
+        return False
+    groups, resources, verbs = rule.get("apiGroups") or [], rule.get("resources") or [], rule.get("verbs") or []
+    return (
+        ("*" in groups or wanted.group in groups)
+        and ("*" in resources or wanted.resource in resources)
+        and ("*" in verbs or wanted.verb in verbs)
+    )
+
+
+def missing_permissions(granted: Sequence[Mapping[str, Any]], needed: Sequence[Permission]) -> list[Permission]:
+    """The ``needed`` permissions no rule of ``granted`` (a rules review's ``resourceRules``,
+    with ``apiGroups``/``resources``/``verbs``, ``*`` meaning all) allows."""
+    return [want for want in needed if not any(_grants(rule, want) for rule in granted)]
+
+
+def render_missing(missing: Sequence[Permission], namespace: str, doc: str) -> str:
+    """The task's error for credentials that lack ``missing`` in ``namespace``."""
+    names = ", ".join(p.describe() for p in missing)
+    verbs = ", ".join(f"`{p.verb}` on `{p.resource}`" for p in missing)
+    return (
+        f"the Kubernetes credentials cannot {names} in namespace {namespace} (checked before anything was "
+        f"created; a job needs them to start, follow, reattach to and tear down its objects): add {verbs} to "
+        f"the Role bound to them; see {doc}"
+    )

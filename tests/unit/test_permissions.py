@@ -1,0 +1,65 @@
+"""The permission check before create: which verbs a rules review lacks, and the README's Role
+being exactly what the plain pods backend checks for."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from airflow_mpi.permissions import (
+    POD_BACKEND_RULES,
+    Permission,
+    build_permissions,
+    missing_permissions,
+    render_missing,
+)
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_role() -> list[dict[str, Any]]:
+    for block in re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S):
+        doc = yaml.safe_load(block)
+        if isinstance(doc, dict) and doc.get("kind") == "Role":
+            return list(doc["rules"])
+    raise AssertionError("README.md has no Role")
+
+
+def test_the_readme_role_is_what_the_backend_checks_for() -> None:
+    assert sorted(build_permissions(readme_role())) == sorted(build_permissions(POD_BACKEND_RULES))
+
+
+EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+PODS = [Permission("", "pods", "create"), Permission("", "pods", "list"), Permission("", "pods/log", "get")]
+
+
+@pytest.mark.parametrize(
+    ("granted", "missing"),
+    [
+        (EVERYTHING, []),
+        (list(POD_BACKEND_RULES), []),
+        ([{"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}], [Permission("", "pods/log", "get")]),
+        ([{"apiGroups": [""], "resources": ["*"], "verbs": ["create", "list", "get"]}], []),
+        ([{"apiGroups": ["apps"], "resources": ["*"], "verbs": ["*"]}], PODS),  # another group
+        ([{"apiGroups": ["*"], "resources": ["pods", "pods/log"], "verbs": ["get", "create"]}], [PODS[1]]),
+        # Rules for named objects only grant no create or list.
+        ([{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["*"], "resourceNames": ["a"]}], PODS),
+        ([], PODS),
+    ],
+)
+def test_missing_permissions(granted: list[dict[str, Any]], missing: list[Permission]) -> None:
+    assert missing_permissions(granted, PODS) == missing
+
+
+def test_the_message_names_each_missing_verb_and_the_fix() -> None:
+    message = render_missing(
+        [Permission("", "pods", "list"), Permission("", "secrets", "delete")], "training", "README.md#rbac"
+    )
+    assert message.startswith(
+        "the Kubernetes credentials cannot `list` `pods`, `delete` `secrets` in namespace training"
+    )
+    assert "add `list` on `pods`, `delete` on `secrets` to the Role bound to them; see README.md#rbac" in message
