@@ -11,7 +11,9 @@ through ``emit``/``warn``; it reads no clock (callers pass ``now``, monotonic se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from airflow_mpi.diagnosis import EvidenceCollector
 from airflow_mpi.exceptions import JobFailed
@@ -28,6 +30,51 @@ from airflow_mpi.podlog import PartialLine
 from airflow_mpi.worldsize import RankStartCheck, rank_start_timeout
 
 
+@dataclass(frozen=True)
+class OutputPlan:
+    """What reading one job's master output needs of its plan: primitives only (no keys), so a
+    trigger's serialized kwargs can carry it."""
+
+    job_name: str
+    master: str
+    np: int
+    rank_pods: tuple[str, ...]  # the pod each rank should run on (empty: the mapping is not known)
+    job_pods: tuple[str, ...]
+    rank_timeout: float  # seconds every rank gets to report after mpiexec starts
+
+    @classmethod
+    def from_plan(cls, plan: JobPlan) -> OutputPlan:
+        return cls(
+            job_name=plan.job_name,
+            master=plan.master.name,
+            np=plan.topology.np,
+            rank_pods=tuple(build_rank_pods(plan.spec, plan.topology)),
+            job_pods=tuple(pod.name for pod in plan.pods),
+            rank_timeout=rank_start_timeout(plan.spec),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_name": self.job_name,
+            "master": self.master,
+            "np": self.np,
+            "rank_pods": list(self.rank_pods),
+            "job_pods": list(self.job_pods),
+            "rank_timeout": self.rank_timeout,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OutputPlan:
+        return cls(
+            job_name=str(data["job_name"]),
+            master=str(data["master"]),
+            np=int(data["np"]),
+            rank_pods=tuple(str(pod) for pod in data.get("rank_pods", ())),
+            job_pods=tuple(str(pod) for pod in data.get("job_pods", ())),
+            rank_timeout=float(data["rank_timeout"]),
+        )
+
+
 class MasterOutput:
     """One job's master output into one log. ``emit`` gets log records (one or more lines),
     ``warn`` the warnings; ``skip_lines``: whole lines an earlier reader of the same log showed
@@ -36,7 +83,7 @@ class MasterOutput:
 
     def __init__(
         self,
-        plan: JobPlan,
+        plan: OutputPlan,
         emit: Callable[[str], None],
         warn: Callable[[str], None] | None = None,
         *,
@@ -52,10 +99,7 @@ class MasterOutput:
         self.evidence = EvidenceCollector()  # known causes seen in the master's output
         self.progress_bars = ProgressFilter()
         self.rank_starts = RankStartCheck(
-            np=plan.topology.np,
-            rank_pods=build_rank_pods(plan.spec, plan.topology),
-            job_pods=[pod.name for pod in plan.pods],
-            timeout=rank_start_timeout(plan.spec),
+            np=plan.np, rank_pods=plan.rank_pods, job_pods=plan.job_pods, timeout=plan.rank_timeout
         )
         self.lines_read = 0  # whole lines the backend gave (progress snapshots are no lines)
         self._warned = 0  # result problems warned about
@@ -126,7 +170,7 @@ class MasterOutput:
         missing = self.rank_starts.missing_ranks()
         pods = self.rank_starts.rank_pods
         rank = missing[0] if missing else None
-        master = self.plan.master.name
+        master = self.plan.master
         pod = pods[rank] if rank is not None and rank < len(pods) else master
         tail = self.output.tail[-TAIL_LINES:]
         return JobFailed(

@@ -30,7 +30,7 @@ from airflow_mpi.exceptions import (
     SshdNotReady,
 )
 from airflow_mpi.logstream import TAIL_LINES, OutputTracker, build_rank_pods, format_tail
-from airflow_mpi.masterlog import MasterOutput
+from airflow_mpi.masterlog import MasterOutput, OutputPlan
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.readiness import HostProbe, summarize_not_ready
@@ -221,7 +221,9 @@ class JobRunner:
         self.emit = emit
         self.warn = warn if warn is not None else emit
         # The master's lines into the task log: the same handling as a deferred job's trigger.
-        self.master_output = MasterOutput(plan, emit, self.warn, skip_lines=skip_lines, on_progress=on_progress)
+        self.master_output = MasterOutput(
+            OutputPlan.from_plan(plan), emit, self.warn, skip_lines=skip_lines, on_progress=on_progress
+        )
         self.marks: dict[str, float] = dict(marks or {})  # phase -> epoch seconds
         self._teardown_lock = threading.Lock()
         self._torn_down = False
@@ -407,6 +409,8 @@ class JobRunner:
             return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])
         if status == STATUS_TIMEOUT:
             return self.timeout_failure(self.backend.pod_log_tail(self.job_name, self.plan.master.name, TAIL_LINES))
+        if status == STATUS_FAILED and event.get("message"):  # the trigger's world-size check
+            return JobFailed(event["message"], pod=event.get("pod"), rank=event.get("rank"))
         if status == STATUS_FAILED and event.get("pod") != self.plan.master.name:
             failed = JobStatus(JobPhase.FAILED, event.get("pod"), event.get("exit_code"), event.get("reason", ""))
             when = "before sshd was ready" if wait_for == WAIT_READY else "while training"
