@@ -57,7 +57,7 @@ def master_lines() -> Iterator[str]:
     for i in range(LINES):
         time.sleep(EVERY)
         yield f"[1,0]<stdout>:line {i:03d}"
-    yield '[1,0]<stdout>:AIRFLOW_MPI_RESULT {"lines": %d}' % LINES
+    yield "[1,0]<stdout>:AIRFLOW_MPI_RESULT " + json.dumps({"lines": LINES})
 
 
 class Airflow:
