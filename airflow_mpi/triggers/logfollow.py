@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_mpi import contract
-from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, api_status, is_refusal
+from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_status, explain, is_refusal
 from airflow_mpi.logcursor import LogCursor, TimestampedLogSplitter
 from airflow_mpi.masterlog import MasterOutput
 from airflow_mpi.podlog import RankLineSplitter
@@ -148,10 +148,12 @@ class MasterLogFollower:
         self.cursor = LogCursor()
         self.lines = RankLineSplitter()  # each rank's unfinished line survives a dropped stream
         self.failure: Any = None  # the world-size check's JobFailed, once it fails
+        self.refused: str | None = None  # the API refused the log (403 ...): what to change
         self.streams = 0  # log streams opened (one, unless a stream dropped)
 
     async def run(self) -> None:
-        """Until the log is over (every line shown) or ``failure`` is set."""
+        """Until the log is over (every line shown), ``failure`` is set, or the API refused
+        the log (``refused``)."""
         attempt = 0
         while True:
             since = self.cursor.resume()
@@ -163,9 +165,10 @@ class MasterLogFollower:
                 status = api_status(error)
                 if status == 404 or (status == 400 and self.master_ended.is_set()):
                     break  # gone, or ended without ever starting: the pod watch says why
-                if is_refusal(error) and status != 400:
-                    self._note(f"cannot read the log of {self.master}: {error}")
-                    await self._wait_for_end(5.0)
+                if is_refusal(error) and status != 400:  # as the waiting path: the job fails, saying why
+                    request = ApiRequest("get", "pods/log", self.namespace, self.master)
+                    self.refused = explain(error, request, str(self.api_client.configuration.host))
+                    return
                 else:  # 400: the container is not up yet; else transient, bounded by the pod watch
                     await self._wait_for_end(min(0.2 * (attempt + 1), 2.0))
                 attempt += 1

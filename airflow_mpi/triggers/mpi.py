@@ -215,6 +215,8 @@ class MPIJobTrigger(BaseTrigger):
             done, _ = await asyncio.wait({following, watching}, return_when=asyncio.FIRST_COMPLETED)
             if following in done:
                 following.result()
+                if follower.refused is not None:
+                    return {"status": STATUS_ERROR, "reason": follower.refused}
                 if follower.failure is not None:
                     return self._rank_outcome(follower.failure)
                 outcome = await watching  # the log ended with the master: the watch says how
