@@ -41,3 +41,26 @@ def test_the_trigger_shows_each_line_once_and_the_resumed_task_none_again(
     assert xcom(dag_run, "train")["result"] == {"ok": 1}
     assert out.count("AIRFLOW_MPI_RESULT") == 1
     assert job_objects(double) == []
+
+
+@pytest.mark.usefixtures("connections")
+def test_while_deferred_a_refused_result_is_warned_and_a_wrong_world_size_fails_at_once(
+    dagbag: Any, double: KubeDouble, scripts: Scripts, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def master() -> Iterator[str]:
+        yield "[1,0]<stdout>:AIRFLOW_MPI_RESULT not json"
+        yield "[1,0]<stdout>:AIRFLOW_MPI_RANK_START rank=0 size=99 host=elsewhere"
+        for i in range(300):  # the job would go on for a minute: the trigger must end it first
+            time.sleep(0.2)
+            yield f"[1,0]<stdout>:tick {i}"
+
+    scripts.on("-master-", PodScript(lines=master, exit_code=0))
+    started = time.monotonic()
+    dag_run = dagbag.get_dag("mpi_test_k8s_deferred").test()
+    out = capfd.readouterr().out
+    assert task_states(dag_run) == {"train": "failed"}, out[-3000:]
+    assert time.monotonic() - started < 45
+    assert "airflow-mpi: WARNING: rank 0: its AIRFLOW_MPI_RESULT line is not JSON" in out
+    assert "mpiexec started 99 rank(s) but the job has" in out
+    assert "tick 299" not in out
+    assert job_objects(double) == []
