@@ -31,6 +31,7 @@ from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_sta
 from airflow_mpi.logcursor import LogCursor, TimestampedLogSplitter
 from airflow_mpi.masterlog import MasterOutput
 from airflow_mpi.podlog import RankLineSplitter
+from airflow_mpi.triggers.api_client import raise_for_status
 
 CHUNK_BYTES = 64 * 1024  # the most one read hands the line handling at once
 IDLE_TICK = 0.25  # seconds between checks (held progress states, ranks' start) when nothing arrives
@@ -191,8 +192,6 @@ class MasterLogFollower:
                 await self.master_ended.wait()
 
     async def _open(self, since: str | None) -> Any:
-        from airflow_mpi.triggers.mpi import _raise_for_status
-
         query = [("container", contract.CONTAINER_NAME), ("follow", "true"), ("timestamps", "true")]
         if since:
             query.append(("sinceTime", since))  # the client has no since_time parameter
@@ -206,7 +205,7 @@ class MasterLogFollower:
             _preload_content=False,
             _request_timeout=(CONNECT_TIMEOUT, None),
         )
-        await _raise_for_status(response)
+        await raise_for_status(response)
         return response
 
     async def _read(self, response: Any) -> bool:

@@ -50,7 +50,7 @@ from airflow_mpi.podlog import LineSplitter
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
 from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
-from airflow_mpi.triggers.api_client import shared_api_client
+from airflow_mpi.triggers.api_client import raise_for_status, shared_api_client
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
@@ -295,7 +295,7 @@ class MPIJobTrigger(BaseTrigger):
                 _preload_content=False,
                 _request_timeout=silence.request_timeout(since, read=seconds + silence.limit / 2),
             )
-            await _raise_for_status(response)
+            await raise_for_status(response)
             silence.answered()
             async with response, contextlib.aclosing(_watch_events(response)) as events:
                 async for event in events:
@@ -408,19 +408,6 @@ def _master_log() -> Any:
     from airflow_mpi.triggers.logfollow import MASTER_LOGGER
 
     return structlog.get_logger(logger_name=MASTER_LOGGER)
-
-
-async def _raise_for_status(response: Any) -> None:
-    """An error answer as the client's ``ApiException``: with ``_preload_content=False`` the async
-    client hands back any response, and a 403's Status body would otherwise be read as events."""
-    if 200 <= response.status <= 299:
-        return
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    error = ApiException(status=response.status, reason=response.reason)
-    error.body, error.headers = await response.read(), response.headers
-    response.release()
-    raise error
 
 
 async def _watch_events(response: Any) -> AsyncGenerator[dict[str, Any], None]:
