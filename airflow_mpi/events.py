@@ -27,6 +27,9 @@ class Outcome(_Status, total=False):
     exit_code: int | None  # its exit code, when it has one
     reason: str  # the failure's cause, or why the wait timed out (one line per host not ready)
     unreachable: bool  # STATUS_ERROR: the API did not answer (else it refused)
+    rank: int | None  # the rank the world-size check found missing (STATUS_FAILED with ``message``)
+    message: str  # STATUS_FAILED by the master's output (the world-size check): the whole error
+    log_lines: int  # whole master lines the trigger's log follow read (shown, or shown before)
 
 
 class JobEvent(Outcome):

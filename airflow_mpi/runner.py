@@ -29,21 +29,13 @@ from airflow_mpi.exceptions import (
     MPIJobError,
     SshdNotReady,
 )
-from airflow_mpi.logstream import (
-    TAIL_LINES,
-    OutputTracker,
-    ProgressFilter,
-    build_log_records,
-    build_rank_pods,
-    format_tail,
-)
+from airflow_mpi.logstream import TAIL_LINES, OutputTracker, build_rank_pods, format_tail
+from airflow_mpi.masterlog import MasterOutput, OutputPlan
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.podlog import PartialLine
 from airflow_mpi.readiness import HostProbe, summarize_not_ready
 from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import JobPhase, JobStatus, evaluate_job
-from airflow_mpi.worldsize import RankStartCheck, rank_start_timeout
 
 log = logging.getLogger(__name__)
 
@@ -228,26 +220,25 @@ class JobRunner:
         self.plan = plan
         self.emit = emit
         self.warn = warn if warn is not None else emit
-        self.output = OutputTracker()
-        self.evidence = EvidenceCollector()  # known causes seen in the master's output
-        self.progress_bars = ProgressFilter()
-        self.rank_starts = RankStartCheck(
-            np=plan.topology.np,
-            rank_pods=build_rank_pods(plan.spec, plan.topology),
-            job_pods=[pod.name for pod in plan.pods],
-            timeout=rank_start_timeout(plan.spec),
+        # The master's lines into the task log: the same handling as a deferred job's trigger.
+        self.master_output = MasterOutput(
+            OutputPlan.from_plan(plan), emit, self.warn, skip_lines=skip_lines, on_progress=on_progress
         )
-        self._lines_read = 0  # lines the backend gave (progress snapshots are no lines)
-        self._warned = 0  # result problems warned about
         self.marks: dict[str, float] = dict(marks or {})  # phase -> epoch seconds
-        self.skip_lines = skip_lines  # master lines an earlier try already showed (reattach)
-        self.on_progress = on_progress  # called with the number of master lines shown so far
         self._teardown_lock = threading.Lock()
         self._torn_down = False
 
     @property
     def job_name(self) -> str:
         return self.plan.job_name
+
+    @property
+    def output(self) -> OutputTracker:
+        return self.master_output.output
+
+    @property
+    def evidence(self) -> EvidenceCollector:
+        return self.master_output.evidence
 
     def run(self, *, adopted: bool = False) -> JobResult:
         """The whole job, torn down on every path; ``adopted``: the job already runs (reattach)."""
@@ -365,8 +356,8 @@ class JobRunner:
         for batch in self.backend.follow_master(self.job_name, idle_tick=0.1):
             now = time.monotonic()
             if batch:
-                self._take(batch, now)
-            self._show(self.progress_bars.due(now), now)
+                self.master_output.take(batch, now)
+            self.master_output.tick(now)
             self._check_ranks(now)
             if now >= deadline + TIMEOUT_GRACE:
                 raise self.timeout_failure(self.output.tail)
@@ -375,7 +366,7 @@ class JobRunner:
                 status = evaluate_job(self.backend.pod_states(self.job_name))
                 if status.phase is JobPhase.FAILED and status.failed_pod != self.plan.master.name:
                     raise self._worker_failure(status)
-        self._show(self.progress_bars.flush(), time.monotonic())
+        self.master_output.flush(time.monotonic())
         status = evaluate_job(self.backend.pod_states(self.job_name))
         if time.monotonic() >= deadline:
             self.output.timed_out = True
@@ -386,64 +377,10 @@ class JobRunner:
     def _worker_failure(self, status: JobStatus) -> JobFailed:
         return worker_failure(self.backend, self.job_name, status, "while training", self.evidence.diagnoses())
 
-    def _take(self, batch: list[str], now: float) -> None:
-        """A batch from the backend: lines an earlier try already showed (reattach) are only
-        tracked; the rest go to the task log."""
-        replayed: list[str] = []
-        fresh: list[str] = []
-        for line in batch:
-            partial = isinstance(line, PartialLine)
-            if self._lines_read < self.skip_lines:
-                if not partial:  # a progress snapshot of a replayed line is dropped
-                    self._lines_read += 1
-                    replayed.append(line)
-                continue
-            self._lines_read += 0 if partial else 1
-            fresh.append(line)
-        if replayed:
-            self._show(replayed, now, replay=True)
-        if fresh:
-            self._show(fresh, now)
-            if self.on_progress is not None:
-                self.on_progress(self._lines_read)
-
-    def _show(self, lines: list[str], now: float, *, replay: bool = False) -> None:
-        """Lines into the task log: progress bars thinned, rank-start reports folded into one
-        line, refused result lines warned about; the tracker sees what the log shows."""
-        if not lines:
-            return
-        lines = self.rank_starts.feed(self.progress_bars.feed(lines, now), now)
-        self.output.feed(lines)
-        self.evidence.feed(lines)
-        if not replay:
-            for record in build_log_records(lines):
-                self.emit(record)
-        summary = self.rank_starts.summary()
-        if summary is not None:
-            self.emit(summary)
-        self._warn_results()
-
-    def _warn_results(self) -> None:
-        errors = self.output.result_errors
-        for problem in errors[self._warned :]:
-            self.warn(f"airflow-mpi: WARNING: {problem}")
-        self._warned = len(errors)
-
     def _check_ranks(self, now: float, *, ended: bool = False) -> None:
-        problem = self.rank_starts.problem(now, ended=ended)
-        if problem is None:
-            return
-        missing = self.rank_starts.missing_ranks()
-        pods = self.rank_starts.rank_pods
-        rank = missing[0] if missing else None
-        pod = pods[rank] if rank is not None and rank < len(pods) else self.plan.master.name
-        tail = self.output.tail[-TAIL_LINES:]
-        raise JobFailed(
-            f"MPI job {self.job_name} failed: {problem}" + format_tail(self.plan.master.name, tail),
-            pod=pod,
-            rank=rank,
-            tail=tail,
-        )
+        failure = self.master_output.rank_failure(now, ended=ended)
+        if failure is not None:
+            raise failure
 
     def timeout_failure(
         self, tail: Sequence[str], *, by_mpiexec: bool = False, exit_code: int | None = None
@@ -472,6 +409,8 @@ class JobRunner:
             return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])
         if status == STATUS_TIMEOUT:
             return self.timeout_failure(self.backend.pod_log_tail(self.job_name, self.plan.master.name, TAIL_LINES))
+        if status == STATUS_FAILED and event.get("message"):  # the trigger's world-size check
+            return JobFailed(event["message"], pod=event.get("pod"), rank=event.get("rank"))
         if status == STATUS_FAILED and event.get("pod") != self.plan.master.name:
             failed = JobStatus(JobPhase.FAILED, event.get("pod"), event.get("exit_code"), event.get("reason", ""))
             when = "before sshd was ready" if wait_for == WAIT_READY else "while training"

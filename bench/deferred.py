@@ -129,7 +129,11 @@ def trigger_kwargs(runner: JobRunner) -> dict[str, Any]:
     }
 
 
-def start_triggerer(double: Double, kwargs: list[dict[str, Any]]) -> subprocess.Popen[str]:
+def start_triggerer(
+    double: Double, kwargs: list[dict[str, Any]], *, script: str = "triggerer_process.py", payload: Any = None
+) -> subprocess.Popen[str]:
+    """A process running ``script`` with the double's connection; it reads ``payload`` (default:
+    the triggers' kwargs) as JSON on stdin."""
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -142,14 +146,14 @@ def start_triggerer(double: Double, kwargs: list[dict[str, Any]]) -> subprocess.
     extra = {"kube_config": json.dumps(kubeconfig)}
     env["AIRFLOW_CONN_KUBE_DOUBLE"] = json.dumps({"conn_type": "kubernetes", "extra": extra})
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("triggerer_process.py"))],
+        [sys.executable, str(Path(__file__).with_name(script))],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
     )
     assert proc.stdin is not None
-    proc.stdin.write(json.dumps(kwargs))
+    proc.stdin.write(json.dumps(kwargs if payload is None else payload))
     proc.stdin.close()
     return proc
 

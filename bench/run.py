@@ -285,6 +285,50 @@ def deferred_jobs(quick: bool) -> list[Figure]:
     ]
 
 
+def deferred_logs(quick: bool) -> list[Figure]:
+    """7. 100 deferred jobs (10 in the quick run) whose master logs the triggers follow live,
+    each printing 20 lines/s, plus one job flooding its log, in one triggerer process."""
+    from deferred_logs import measure, waiting_process_rss
+    from k8s_double import Double
+
+    jobs, seconds = (10, 8.0) if quick else (100, 20.0)
+    double = Double()
+    try:
+        got = measure(double, jobs, 20.0, seconds, flood=True)
+        waiting = waiting_process_rss(double, 20.0)
+    finally:
+        double.stop()
+    if got["errors"] or got["steady_jobs_seen"] < jobs:
+        raise RuntimeError(f"triggers broke or showed nothing: {got}")
+    return [
+        figure(
+            f"deferred logs: {jobs} jobs x 20 lines/s + 1 flood, line -> task log delay (max)",
+            got["delay_max_s"],
+            "s",
+            at_most=2.0,
+        ),
+        figure("deferred logs: line -> log delay while the triggers start (max)", got["delay_starting_max_s"], "s"),
+        figure("deferred logs: lines out of order, twice or missing", got["disorder"], "lines", at_most=0),
+        figure(
+            f"deferred logs: triggerer RSS, {jobs} jobs followed",
+            got["rss_peak_mb"],
+            "MB",
+            baseline=f"the same jobs in waiting mode: {jobs} worker processes of {waiting:.0f} MB each",
+            baseline_value=waiting * jobs,
+            at_most=300,
+        ),
+        figure("deferred logs: event loop's longest block (steady)", got["loop_block_max_s"], "s", at_most=0.1),
+        figure("deferred logs: of it, CPU the loop's thread used", got["loop_block_cpu_s"], "s", at_most=0.1),
+        figure("deferred logs: event loop's longest block while the triggers start", got["loop_block_starting_s"], "s"),
+        figure(
+            f"deferred logs: flood job's lines shown in {seconds:.0f} s (the rest wait in the pod's log)",
+            got["flood_lines"],
+            "lines",
+        ),
+        figure("deferred logs: flood job's lag (its lines wait, none dropped)", got["flood_lag_max_s"], "s"),
+    ]
+
+
 # name -> (function, needs the machine lock, in the quick run)
 BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "launch": (launch, True, True),
@@ -294,6 +338,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "control_plane": (control_plane, False, True),
     "kubernetes_logs": (kubernetes_logs, False, True),
     "deferred": (deferred_jobs, False, True),
+    "deferred_logs": (deferred_logs, False, True),
 }
 
 

@@ -30,6 +30,7 @@ from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBack
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
+from airflow_mpi.masterlog import OutputPlan
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.operators.links import MPIJobLink, store_job_link
 from airflow_mpi.plan import JobPlan
@@ -174,6 +175,10 @@ class MPIJobOperator(BaseOperator):
                 gang=gang,
                 queue_deadline=time.time() + queue_timeout if gang and queue_timeout else None,
                 custom_objects=[list(kind) for kind in custom],
+                # Waiting for the end, the trigger shows the master's lines live; it goes on after
+                # those this try's log holds (a reattached retry's earlier try showed them).
+                master_log=OutputPlan.from_plan(plan).to_dict() if wait_for == WAIT_FINISHED else None,
+                skip_lines=runner.master_output.skip_lines,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 300),
@@ -188,8 +193,19 @@ class MPIJobOperator(BaseOperator):
             raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         progress = _Progress(context)
         deferrable = self._deferrable(backend)
+        # The trigger showed the master's lines up to ``log_lines``: they are read again (the
+        # result and a failure's tails come from them) but not shown twice. A retry that
+        # reattaches learns the same from the task's state store.
+        shown = int(event.get("log_lines", 0) or 0)
+        progress.save(plan.job_name, shown)
         runner = self._runner = JobRunner(
-            backend, plan, emit=self._emit, marks=marks, on_progress=progress.saver(plan.job_name), warn=self._warn
+            backend,
+            plan,
+            emit=self._emit,
+            marks=marks,
+            skip_lines=shown,
+            on_progress=progress.saver(plan.job_name),
+            warn=self._warn,
         )
         runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
         try:
@@ -253,6 +269,15 @@ class _Progress:
         except Exception:
             return 0
         return int(value.get("lines", 0)) if isinstance(value, dict) and value.get("job") == job_name else 0
+
+    def save(self, job_name: str, lines: int) -> None:
+        """Record ``lines`` now (when a trigger showed them), if any."""
+        if self.store is None or lines <= 0:
+            return
+        try:
+            self.store.set(PROGRESS_KEY, {"job": job_name, "lines": lines})
+        except Exception:
+            self.store = None
 
     def saver(self, job_name: str) -> Callable[[int], None]:
         last = [0.0]

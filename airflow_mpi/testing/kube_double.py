@@ -1370,15 +1370,19 @@ class KnobScript:
     """Scripted pods steered by knobs (``POST /_double/knobs``): workers run and are Ready; the
     master prints ``master_lines`` lines (at ``master_rate`` per second, 0: as fast as it can),
     each ending with the real clock in ns, then exits with ``master_exit``. While ``hold_masters``
-    is true, masters run without printing (deferred jobs wait on them; clearing it ends them all)."""
+    is true, masters run without printing (deferred jobs wait on them; clearing it ends them all).
+    A master whose name contains ``flood_job`` prints ``flood_lines`` lines as fast as it can."""
 
     def __init__(self) -> None:
         self.knobs: dict[str, Any] = {"master_lines": 10, "master_rate": 0.0, "master_exit": 0, "hold_masters": False}
+        self.knobs.update(flood_job=None, flood_lines=0)
 
-    def _lines(self) -> Iterator[str]:
+    def _lines(self, flood: bool = False) -> Iterator[str]:
         while self.knobs["hold_masters"]:
             time.sleep(0.05)
         count, rate = int(self.knobs["master_lines"]), float(self.knobs["master_rate"])
+        if flood:
+            count, rate = int(self.knobs["flood_lines"]), 0.0
         start = time.monotonic()
         for i in range(count):
             if rate:
@@ -1390,7 +1394,8 @@ class KnobScript:
     def __call__(self, pod: Obj) -> PodScript:
         name = pod["metadata"]["name"]
         if "-master-" in name or "-launcher-" in name:  # an MPIJob's launcher plays the master
-            return PodScript(lines=self._lines, exit_code=int(self.knobs["master_exit"]))
+            flood = bool(self.knobs["flood_job"]) and str(self.knobs["flood_job"]) in name
+            return PodScript(lines=lambda: self._lines(flood), exit_code=int(self.knobs["master_exit"]))
         return PodScript()
 
 

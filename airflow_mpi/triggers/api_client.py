@@ -139,3 +139,16 @@ def _uses_exec(kubeconfig: dict[str, Any], context: str | None) -> bool:
     if user is None:
         return any("exec" in (u.get("user") or {}) for u in users)
     return any("exec" in (u.get("user") or {}) for u in users if u.get("name") == user)
+
+
+async def raise_for_status(response: Any) -> None:
+    """An error answer as the client's ``ApiException``: with ``_preload_content=False`` the async
+    client hands back any response, and a 403's Status body would otherwise be read as events."""
+    if 200 <= response.status <= 299:
+        return
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    error = ApiException(status=response.status, reason=response.reason)
+    error.body, error.headers = await response.read(), response.headers
+    response.release()
+    raise error

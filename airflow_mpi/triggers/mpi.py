@@ -1,5 +1,7 @@
 """Deferrable waits of MPIJobOperator on Kubernetes: until every worker is Ready, or until the job
-ends, without holding a worker slot.
+ends, without holding a worker slot. While it waits for the end, it follows the master's log
+into the task try's log, live (``logfollow``): Airflow routes a trigger's log records to the
+log of the task try that deferred.
 
 One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
 the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
@@ -42,15 +44,17 @@ from airflow_mpi.events import (
     Outcome,
 )
 from airflow_mpi.gang import describe_group_wait
+from airflow_mpi.masterlog import MasterOutput, OutputPlan
 from airflow_mpi.naming import job_selector
 from airflow_mpi.podlog import LineSplitter
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
 from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
-from airflow_mpi.triggers.api_client import shared_api_client
+from airflow_mpi.triggers.api_client import raise_for_status, shared_api_client
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
+DRAIN_TIMEOUT = 30.0  # seconds the log may take to end once the master has (the operator shows the rest)
 
 
 class MPIJobTrigger(BaseTrigger):
@@ -74,6 +78,8 @@ class MPIJobTrigger(BaseTrigger):
         gang: bool = False,
         queue_deadline: float | None = None,
         custom_objects: list[list[str]] | None = None,
+        master_log: dict[str, Any] | None = None,
+        skip_lines: int = 0,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.job_name = job_name
@@ -95,7 +101,13 @@ class MPIJobTrigger(BaseTrigger):
         self.queue_deadline = queue_deadline
         # [group, version, plural] of custom objects named after the job, deleted on a kill.
         self.custom_objects = [list(kind) for kind in custom_objects or []]
+        # Waiting for the end, the master's log is followed into the task log (an
+        # ``OutputPlan`` as primitives; None: not followed). ``skip_lines``: whole lines of it
+        # this task's log already holds (a retry that reattached goes on where its try stopped).
+        self.master_log = dict(master_log) if master_log else None
+        self.skip_lines = skip_lines
         self._fired = False
+        self._master_ended: asyncio.Event | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -116,6 +128,8 @@ class MPIJobTrigger(BaseTrigger):
                 "gang": self.gang,
                 "queue_deadline": self.queue_deadline,
                 "custom_objects": [list(kind) for kind in self.custom_objects],
+                "master_log": dict(self.master_log) if self.master_log else None,
+                "skip_lines": self.skip_lines,
             },
         )
 
@@ -139,6 +153,8 @@ class MPIJobTrigger(BaseTrigger):
                 self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
                 return None
         states = table.states(self.roles)
+        if self._master_ended is not None and any(s.role is Role.MASTER and s.ended for s in states):
+            self._master_ended.set()  # the log follow may stop at the end of its stream
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
             return {
@@ -162,8 +178,84 @@ class MPIJobTrigger(BaseTrigger):
         from kubernetes_asyncio.client import CoreV1Api
 
         async with shared_api_client(self.kubernetes_conn_id) as api_client:
-            outcome = await self._wait(CoreV1Api(api_client), api_client)
+            if self.master_log is not None and self.wait_for == WAIT_FINISHED:
+                outcome = await self._wait_following(CoreV1Api(api_client), api_client)
+            else:
+                outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
+
+    async def _wait_following(self, core: Any, api_client: Any) -> Outcome:
+        """The pod watch and the master's log follow side by side. The job's end fires once the
+        log has ended too (every line shown first, within ``DRAIN_TIMEOUT``); a failing world-size
+        check fires at once; any other outcome (a worker failed, the deadline) fires at once."""
+        from airflow_mpi.triggers.logfollow import MasterLogFollower, budget_for_loop, lines_in_try_log
+
+        assert self.master_log is not None
+        view = OutputPlan.from_dict(self.master_log)
+        shown = await asyncio.to_thread(lines_in_try_log, getattr(self, "task_instance", None))
+        output = MasterOutput(view, self._emit_lines, self._warn_lines, skip_lines=max(self.skip_lines, shown))
+        if shown > self.skip_lines:
+            self.log.info(
+                "airflow-mpi: this try's log holds %d line(s) of %s already: going on after them", shown, view.master
+            )
+        self._output = output
+        self._master_ended = asyncio.Event()
+        follower = MasterLogFollower(
+            api_client,
+            self.namespace,
+            view.master,
+            output,
+            self._master_ended,
+            budget=budget_for_loop().for_job(),
+            log=self.log,
+        )
+        following = asyncio.create_task(follower.run(), name=f"log-{view.master}")
+        watching = asyncio.create_task(self._wait(core, api_client), name=f"watch-{self.job_name}")
+        try:
+            done, _ = await asyncio.wait({following, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if following in done:
+                following.result()
+                if follower.refused is not None:
+                    return {"status": STATUS_ERROR, "reason": follower.refused}
+                if follower.failure is not None:
+                    return self._rank_outcome(follower.failure)
+                outcome = await watching  # the log ended with the master: the watch says how
+            else:
+                outcome = watching.result()
+                if self._master_ended.is_set() and outcome["status"] in (WAIT_FINISHED, STATUS_FAILED):
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(DRAIN_TIMEOUT):
+                            await asyncio.shield(following)
+                    if follower.failure is not None:
+                        return self._rank_outcome(follower.failure)
+            return {**outcome, "log_lines": output.lines_read}
+        finally:
+            for task in (following, watching):
+                task.cancel()
+            await asyncio.gather(following, watching, return_exceptions=True)
+
+    def _rank_outcome(self, failure: Any) -> Outcome:
+        return {
+            "status": STATUS_FAILED,
+            "pod": failure.pod,
+            "rank": failure.rank,
+            "exit_code": None,
+            "reason": str(failure).split("\n", 1)[0],
+            "message": str(failure),
+            "log_lines": self._output.lines_read,
+        }
+
+    def _emit_lines(self, text: str) -> None:
+        """A record of the master's lines into the task try's log, marked with how far the
+        master's log has been read (``logfollow`` says why)."""
+        from airflow_mpi.triggers.logfollow import build_mark
+
+        _master_log().info(text, logger=build_mark(self._output.lines_read))
+
+    def _warn_lines(self, text: str) -> None:
+        from airflow_mpi.triggers.logfollow import build_mark
+
+        _master_log().warning(text, logger=build_mark(self._output.lines_read))
 
     async def _wait(self, core: Any, api_client: Any) -> Outcome:
         """Watch until the pods decide, the deadline passes, the API refuses, or the API has not
@@ -203,7 +295,7 @@ class MPIJobTrigger(BaseTrigger):
                 _preload_content=False,
                 _request_timeout=silence.request_timeout(since, read=seconds + silence.limit / 2),
             )
-            await _raise_for_status(response)
+            await raise_for_status(response)
             silence.answered()
             async with response, contextlib.aclosing(_watch_events(response)) as events:
                 async for event in events:
@@ -308,17 +400,14 @@ class MPIJobTrigger(BaseTrigger):
         self.log.info("task killed: MPI job %s deleted", self.job_name)
 
 
-async def _raise_for_status(response: Any) -> None:
-    """An error answer as the client's ``ApiException``: with ``_preload_content=False`` the async
-    client hands back any response, and a 403's Status body would otherwise be read as events."""
-    if 200 <= response.status <= 299:
-        return
-    from kubernetes_asyncio.client.exceptions import ApiException
+def _master_log() -> Any:
+    """The logger of the master's lines: structlog, whose fields reach the log file (stdlib
+    logging's ``extra`` does not, in Airflow 3's triggerer)."""
+    import structlog
 
-    error = ApiException(status=response.status, reason=response.reason)
-    error.body, error.headers = await response.read(), response.headers
-    response.release()
-    raise error
+    from airflow_mpi.triggers.logfollow import MASTER_LOGGER
+
+    return structlog.get_logger(logger_name=MASTER_LOGGER)
 
 
 async def _watch_events(response: Any) -> AsyncGenerator[dict[str, Any], None]:

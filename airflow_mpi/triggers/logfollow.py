@@ -1,0 +1,254 @@
+"""A deferred job's master log, followed live inside the triggerer (async, one stream per job).
+
+The same exact follow as the waiting path (``backends.kubernetes``): ``timestamps=true`` with
+``sinceTime`` and the byte cursor (``logcursor``), so a dropped or silent stream resumes with no
+byte shown twice or lost; the lines go through the same ``masterlog.MasterOutput`` as a waiting
+job's, whose ``emit`` writes them to the task try's log.
+
+Bounded and fair: a chunk is at most ``CHUNK_BYTES`` (the work per event-loop step stays in the
+milliseconds), and every job spends from a ``LogBudget`` (its own share and the process's) before
+it reads on: a job that floods its log is read more slowly (its lines wait in the pod's log, not
+here), and the jobs beside it keep their pace.
+
+Exactly once across a triggerer killed mid-run: every record a trigger writes names the number of
+master lines read so far in its source (``logger``: ``airflow_mpi.master:<n>``; the Airflow UI
+shows sources only when asked to), so a trigger started again by another triggerer reads the
+try's trigger log files (``lines_in_try_log``) and goes on after the last line that reached them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_mpi import contract
+from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_status, explain, is_refusal
+from airflow_mpi.logcursor import LogCursor, TimestampedLogSplitter
+from airflow_mpi.masterlog import MasterOutput
+from airflow_mpi.podlog import RankLineSplitter
+from airflow_mpi.triggers.api_client import raise_for_status
+
+CHUNK_BYTES = 64 * 1024  # the most one read hands the line handling at once
+IDLE_TICK = 0.25  # seconds between checks (held progress states, ranks' start) when nothing arrives
+LOG_READ_TIMEOUT = 60.0  # a stream silent this long is reopened from the cursor
+JOB_BYTES_PER_S = 512 * 1024  # one job's share of the task-log writes (~5k lines/s of 100 bytes)
+PROCESS_BYTES_PER_S = 4 * 1024 * 1024  # every job of one triggerer together
+BURST_S = 1.0  # seconds of rate a quiet job may spend at once
+
+
+class TokenBucket:
+    """``rate`` bytes a second, ``burst`` at most saved up; ``delay(n)`` takes ``n`` and says how
+    long to wait before the next take (0 within the rate). Pure: the caller passes the clock."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = burst
+        self.at: float | None = None
+
+    def delay(self, size: int, now: float) -> float:
+        if self.at is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= size
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+class LogBudget:
+    """The task-log writes of every followed job in one triggerer: each job within its own rate
+    and the process within its total. A job past either waits (it reads on later), so one job's
+    flood neither starves the others nor grows memory."""
+
+    def __init__(self, job_rate: float = JOB_BYTES_PER_S, process_rate: float = PROCESS_BYTES_PER_S) -> None:
+        self.job_rate = job_rate
+        self.process = TokenBucket(process_rate, process_rate * BURST_S)
+
+    def for_job(self) -> Callable[[int], float]:
+        own = TokenBucket(self.job_rate, self.job_rate * BURST_S)
+
+        def delay(size: int) -> float:
+            now = time.monotonic()
+            return max(own.delay(size, now), self.process.delay(size, now))
+
+        return delay
+
+
+_BUDGETS: dict[int, LogBudget] = {}  # per event loop (id): a triggerer runs one
+
+
+def budget_for_loop() -> LogBudget:
+    key = id(asyncio.get_running_loop())
+    budget = _BUDGETS.get(key)
+    if budget is None:
+        _BUDGETS.clear()  # an earlier loop (tests run several) is gone
+        budget = _BUDGETS[key] = LogBudget()
+    return budget
+
+
+MASTER_LOGGER = "airflow_mpi.master"  # the source of the records of the master's lines
+
+
+def build_mark(lines: int) -> str:
+    """The source (``logger``) of a record: the master's log, read through its ``lines``-th line."""
+    return f"{MASTER_LOGGER}:{lines}"
+
+
+def lines_in_try_log(task_instance: Any) -> int:
+    """The most master lines any trigger of this task try has written to the try's log (its
+    trigger log files, read from Airflow's local log folder); 0 when they cannot be read (no
+    task instance, remote logging without a local copy, another machine's triggerer)."""
+    try:
+        from airflow.configuration import conf
+        from airflow.utils.helpers import log_filename_template_renderer
+
+        relative = log_filename_template_renderer()(ti=task_instance)
+        base = Path(conf.get("logging", "base_log_folder"))
+        files = sorted(base.glob(str(relative) + ".trigger.*.log"))
+    except Exception:
+        return 0
+    mark = re.compile(rb'"logger":\s*"' + re.escape(MASTER_LOGGER.encode()) + rb':(\d+)"')
+    most = 0
+    for path in files:
+        with contextlib.suppress(OSError), open(path, "rb") as handle:
+            for line in handle:
+                if MASTER_LOGGER.encode() in line:
+                    found = mark.search(line)
+                    if found:
+                        most = max(most, int(found.group(1)))
+    return most
+
+
+class MasterLogFollower:
+    """Follows one master's log into ``output`` until the stream has ended with the master
+    (``master_ended``), or the world-size check fails (``failure``)."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        master: str,
+        output: MasterOutput,
+        master_ended: asyncio.Event,
+        *,
+        budget: Callable[[int], float] | None = None,
+        read_timeout: float = LOG_READ_TIMEOUT,
+        log: Any = None,
+    ) -> None:
+        self.api_client = api_client
+        self.namespace = namespace
+        self.master = master
+        self.output = output
+        self.master_ended = master_ended
+        self.budget = budget or (lambda size: 0.0)
+        self.read_timeout = read_timeout
+        self.log = log
+        self.cursor = LogCursor()
+        self.lines = RankLineSplitter()  # each rank's unfinished line survives a dropped stream
+        self.failure: Any = None  # the world-size check's JobFailed, once it fails
+        self.refused: str | None = None  # the API refused the log (403 ...): what to change
+        self.streams = 0  # log streams opened (one, unless a stream dropped)
+
+    async def run(self) -> None:
+        """Until the log is over (every line shown), ``failure`` is set, or the API refused
+        the log (``refused``)."""
+        attempt = 0
+        while True:
+            since = self.cursor.resume()
+            try:
+                response = await self._open(since)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                status = api_status(error)
+                if status == 404 or (status == 400 and self.master_ended.is_set()):
+                    break  # gone, or ended without ever starting: the pod watch says why
+                if is_refusal(error) and status != 400:  # as the waiting path: the job fails, saying why
+                    request = ApiRequest("get", "pods/log", self.namespace, self.master)
+                    self.refused = explain(error, request, str(self.api_client.configuration.host))
+                    return
+                else:  # 400: the container is not up yet; else transient, bounded by the pod watch
+                    await self._wait_for_end(min(0.2 * (attempt + 1), 2.0))
+                attempt += 1
+                continue
+            self.streams += 1
+            clean = await self._read(response)
+            if self.failure is not None:
+                return
+            if clean and self.master_ended.is_set():
+                break
+            attempt += 1
+            await self._wait_for_end(0.2 if clean else 0.05)
+        now = time.monotonic()
+        self.output.take(self.lines.flush(), now)  # lines the master left unfinished when it ended
+        self.output.flush(now)
+
+    async def _wait_for_end(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.master_ended.wait()
+
+    async def _open(self, since: str | None) -> Any:
+        query = [("container", contract.CONTAINER_NAME), ("follow", "true"), ("timestamps", "true")]
+        if since:
+            query.append(("sinceTime", since))  # the client has no since_time parameter
+        response = await self.api_client.call_api(
+            f"/api/v1/namespaces/{self.namespace}/pods/{self.master}/log",
+            "GET",
+            query_params=query,
+            header_params={"Accept": "*/*"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT, None),
+        )
+        await raise_for_status(response)
+        return response
+
+    async def _read(self, response: Any) -> bool:
+        """Feed the stream's bytes to the output as they come; True on a clean end of stream,
+        False on a drop or a stream silent for ``read_timeout``."""
+        stream = TimestampedLogSplitter(self.cursor, self.lines)
+        output = self.output
+        heard = time.monotonic()
+        try:
+            async with response:
+                while True:
+                    try:
+                        async with asyncio.timeout(IDLE_TICK):
+                            chunk = await response.content.read(CHUNK_BYTES)
+                    except TimeoutError:
+                        now = time.monotonic()
+                        output.tick(now)
+                        if self._checked(now) or now - heard > self.read_timeout:
+                            return False
+                        continue
+                    now = heard = time.monotonic()
+                    if not chunk:
+                        return True
+                    batch: list[str] = stream.feed(chunk)
+                    batch += self.lines.progress()
+                    output.take(batch, now)
+                    output.tick(now)
+                    if self._checked(now):
+                        return False
+                    delay = self.budget(len(chunk))
+                    await asyncio.sleep(delay)  # 0 within the budget: a step for the other jobs
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self._note(f"the log stream of {self.master} dropped ({type(error).__name__}: {error}); resuming")
+            return False
+
+    def _checked(self, now: float) -> bool:
+        """The world-size check, as the lines come: True once it failed."""
+        if self.failure is None:
+            self.failure = self.output.rank_failure(now)
+        return self.failure is not None
+
+    def _note(self, text: str) -> None:
+        if self.log is not None:
+            self.log.warning("%s", text)

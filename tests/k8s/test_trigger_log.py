@@ -1,0 +1,66 @@
+"""A deferred job's master log, followed live by its trigger (``dag.test()`` runs the trigger
+inline): every line once, in order, rank-tagged as in waiting mode; the resumed operator shows
+none of them again; the world-size check and result warnings work while deferred."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_mpi.testing.kube_double import KubeDouble, PodScript
+from tests.airflow_helpers import task_states, xcom
+from tests.k8s.conftest import Scripts, job_objects
+
+LINES = 30
+
+
+def paced(lines: list[str], every: float = 0.02) -> Iterator[str]:
+    for line in lines:
+        time.sleep(every)
+        yield line
+
+
+def numbered() -> list[str]:
+    return [f"[1,0]<stdout>:line {i:03d}" for i in range(LINES)] + ['[1,0]<stdout>:AIRFLOW_MPI_RESULT {"ok": 1}']
+
+
+@pytest.mark.usefixtures("connections")
+def test_the_trigger_shows_each_line_once_and_the_resumed_task_none_again(
+    dagbag: Any, double: KubeDouble, scripts: Scripts, capfd: pytest.CaptureFixture[str]
+) -> None:
+    scripts.on("-master-", PodScript(lines=lambda: paced(numbered()), exit_code=0))
+    dag_run = dagbag.get_dag("mpi_test_k8s_deferred").test()
+    out = capfd.readouterr().out
+    assert task_states(dag_run) == {"train": "success"}, out[-3000:]
+    shown = re.findall(r"<stdout>:line (\d{3})", out)
+    assert shown == [f"{i:03d}" for i in range(LINES)], out[-3000:]
+    assert xcom(dag_run, "train")["result"] == {"ok": 1}
+    assert out.count("AIRFLOW_MPI_RESULT") == 1
+    assert job_objects(double) == []
+
+
+@pytest.mark.usefixtures("connections")
+def test_while_deferred_a_refused_result_is_warned_and_a_wrong_world_size_fails_at_once(
+    dagbag: Any, double: KubeDouble, scripts: Scripts, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def master() -> Iterator[str]:
+        yield "[1,0]<stdout>:AIRFLOW_MPI_RESULT not json"
+        yield "[1,0]<stdout>:AIRFLOW_MPI_RANK_START rank=0 size=99 host=elsewhere"
+        for i in range(300):  # the job would go on for a minute: the trigger must end it first
+            time.sleep(0.2)
+            yield f"[1,0]<stdout>:tick {i}"
+
+    scripts.on("-master-", PodScript(lines=master, exit_code=0))
+    started = time.monotonic()
+    dag_run = dagbag.get_dag("mpi_test_k8s_deferred").test()
+    out = capfd.readouterr().out
+    assert task_states(dag_run) == {"train": "failed"}, out[-3000:]
+    assert time.monotonic() - started < 45
+    assert "airflow-mpi: WARNING: rank 0: its AIRFLOW_MPI_RESULT line is not JSON" in out
+    assert "mpiexec started 99 rank(s) but the job has" in out
+    assert "tick 299" not in out
+    assert job_objects(double) == []
