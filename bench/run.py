@@ -330,6 +330,31 @@ def deferred_logs(quick: bool) -> list[Figure]:
 
 
 # name -> (function, needs the machine lock, in the quick run)
+def real_cluster(quick: bool) -> list[Figure]:
+    """9. The real control plane built from source: start, pod start latency, and the pods and
+    MPIJob backends side by side (submit -> every rank started, API requests per job)."""
+    from real_cluster import measure
+
+    got = measure(quick)
+    figures = [
+        figure("real cluster: control plane start (etcd, apiserver, controller-manager, scheduler)",
+               got["control_plane_start"], "s"),
+        figure("real cluster: + 3 Nodes Ready (node agent)", got["nodes_ready"], "s"),
+        figure("real cluster: mpi-operator start (CRD, RBAC, leading)", got["mpi_operator_start"], "s"),
+        figure("real cluster: pod create -> ran (scheduler + node agent), median", got["pod_start_latency"], "s"),
+    ]  # fmt: skip
+    for workers in (2,) if quick else (2, 8):
+        pods, mpijob = got[f"pods_{workers}"], got[f"mpijob_{workers}"]
+        figures += [
+            figure(f"real cluster {workers} workers: pods backend, submit -> every rank started",
+                   pods["ranks_started"], "s", baseline="MPIJob backend (real mpi-operator)",
+                   baseline_value=mpijob["ranks_started"]),
+            figure(f"real cluster {workers} workers: pods backend, API requests per job", pods["requests"],
+                   "requests", baseline="MPIJob backend (real mpi-operator)", baseline_value=mpijob["requests"]),
+        ]  # fmt: skip
+    return figures
+
+
 BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "launch": (launch, True, True),
     "scaling": (scaling, True, True),
@@ -339,6 +364,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "kubernetes_logs": (kubernetes_logs, False, True),
     "deferred": (deferred_jobs, False, True),
     "deferred_logs": (deferred_logs, False, True),
+    "real_cluster": (real_cluster, True, False),
 }
 
 

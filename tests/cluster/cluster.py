@@ -25,6 +25,7 @@ from tests.cluster.kubeapi import ApiError, KubeApi, Obj
 REPO = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path("/run/airflow-mpi-tests")
 NODE_CAPACITY = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "2", "ephemeral-storage": "100Gi"}
+RBAC_GROUP = "rbac.authorization.k8s.io"
 MISSING_IMAGE = "registry.invalid/airflow-mpi/missing:1"  # the node agent answers ErrImagePull
 REQUIRED = ("etcd", "kubernetes")
 
@@ -169,37 +170,45 @@ class Cluster:
                  lambda: self.api().get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"), 60)  # fmt: skip
 
     def delete_namespace(self, name: str, wait: float = 120) -> None:
+        """Delete a namespace; wait up to ``wait`` seconds until it is gone (0: do not wait)."""
         api = self.api()
         api.delete(f"/api/v1/namespaces/{name}")
-        wait_for(f"namespace {name} gone", lambda: api.get_or_none(f"/api/v1/namespaces/{name}") is None, wait)
+        if wait:
+            wait_for(f"namespace {name} gone", lambda: api.get_or_none(f"/api/v1/namespaces/{name}") is None, wait)
 
     def service_account_kubeconfig(self, namespace: str, name: str, rules: list[Obj], path: Path) -> Path:
         """A ServiceAccount bound to a Role with ``rules`` only, and a kubeconfig with its token."""
-        api = self.api()
-        api.apply_object(f"/api/v1/namespaces/{namespace}/serviceaccounts",
-                         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})  # fmt: skip
-        api.apply_object(
-            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name}, "rules": rules},
-        )
-        api.apply_object(
-            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-            },
-        )  # fmt: skip
-        token = api.create(
-            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
-        )["status"]["token"]
-        assert self.plane.pki is not None
-        kubeconfig = self.plane.pki.kubeconfig(path, self.plane.server, f"{namespace}-{name}", token=token)
+        role = {"apiVersion": f"{RBAC_GROUP}/v1", "kind": "Role", "metadata": {"name": name}, "rules": rules}
+        kubeconfig = self.bind_service_account(namespace, name, role, path)
         config = yaml.safe_load(kubeconfig.read_text())
         config["contexts"][0]["context"]["namespace"] = namespace
         kubeconfig.write_text(yaml.safe_dump(config))
         return kubeconfig
+
+    def bind_service_account(self, namespace: str, name: str, role: Obj, path: Path) -> Path:
+        """ServiceAccount ``name`` bound to ``role`` (a Role, or a ClusterRole bound cluster-wide),
+        both created or replaced; a kubeconfig with a token of it at ``path``."""
+        api = self.api()
+        cluster_wide = role["kind"] == "ClusterRole"
+        role = dict(role, metadata={"name": name})
+        rbac = f"/apis/{RBAC_GROUP}/v1" + ("" if cluster_wide else f"/namespaces/{namespace}")
+        api.apply_object(f"{rbac}/{role['kind'].lower()}s", role)
+        account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
+        api.apply_object(f"/api/v1/namespaces/{namespace}/serviceaccounts", account)
+        binding = {
+            "apiVersion": f"{RBAC_GROUP}/v1",
+            "kind": f"{role['kind']}Binding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": role["kind"], "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }
+        api.apply_object(f"{rbac}/{binding['kind'].lower()}s", binding)
+        token = api.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}},
+        )["status"]["token"]
+        assert self.plane.pki is not None
+        return self.plane.pki.kubeconfig(path, self.plane.server, f"{namespace}-{name}", token=token)
 
 
 def readme_role_rules(readme: Path = REPO / "README.md") -> list[Obj]:
@@ -225,7 +234,7 @@ def up(nodes: int = 3) -> int:
         return 0
     from tests.cluster import build
 
-    for name in COMPONENTS:
+    for name in build.TIER:
         build.build(COMPONENTS[name], log=lambda m: print(m, flush=True))
     CHECKOUT_STATE.mkdir(exist_ok=True)
     ready = CHECKOUT_STATE / "ready"
@@ -253,9 +262,10 @@ def supervise(nodes: int) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     cluster.start()
+    cluster.controller("mpi-operator")
     shutil.copy(cluster.kubeconfig, CHECKOUT_STATE / "kubeconfig")
     (CHECKOUT_STATE / "ready").write_text(
-        f"cluster up in {cluster.timings['cluster']:.1f} s: {nodes} Nodes Ready\n"
+        f"cluster up in {cluster.timings['cluster']:.1f} s: {nodes} Nodes Ready, mpi-operator running\n"
         f"export KUBECONFIG={CHECKOUT_STATE / 'kubeconfig'}\n"
     )
     try:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,7 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     cluster.create_namespace(name)
     yield name
     left = job_objects(cluster.api(), name)
-    cluster.delete_namespace(name)
+    cluster.delete_namespace(name, wait=0)  # the namespace controller finishes it in the background
     assert left == [], f"left in {name}: {left}"
 
 
@@ -98,3 +100,24 @@ def install_connections(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path, names
     )
     extra = {"backend": "kubernetes", "kubernetes_conn_id": "kube_real", "namespace": namespace, **extra}
     monkeypatch.setenv(f"AIRFLOW_CONN_{mpi_conn_id.upper()}", json.dumps({"conn_type": "mpi", "extra": extra}))
+
+
+class Log(list[str]):
+    """A job's log records, line by line (what ``JobRunner`` emits)."""
+
+    def __call__(self, text: str) -> None:
+        self.extend(text.splitlines())
+
+
+def when_logged(log: list[str], text: str, action: Callable[[], object], timeout: float = 90) -> threading.Thread:
+    """Run ``action`` in a thread once a line of ``log`` contains ``text`` (or after ``timeout``)."""
+
+    def wait_then_act() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not any(text in line for line in log):
+            time.sleep(0.05)
+        action()
+
+    thread = threading.Thread(target=wait_then_act)
+    thread.start()
+    return thread

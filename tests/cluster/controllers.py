@@ -15,7 +15,6 @@ from tests.cluster.controlplane import Process, wait_for
 from tests.cluster.kubeapi import KubeApi, Obj
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
 def yaml_documents(path: Path) -> list[Obj]:
@@ -48,29 +47,6 @@ def ensure_namespace(api: KubeApi, name: str) -> None:
         api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
 
-def service_account_with_cluster_role(cluster: Any, namespace: str, name: str, role: Obj, path: Path) -> Path:
-    """A ServiceAccount bound to ``role`` (a ClusterRole manifest, renamed ``name``); its kubeconfig."""
-    api = cluster.api()
-    ensure_namespace(api, namespace)
-    role = dict(role, metadata={"name": name})
-    api.apply_object(f"{RBAC}/clusterroles", role)
-    api.apply_object(f"/api/v1/namespaces/{namespace}/serviceaccounts",
-                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})  # fmt: skip
-    api.apply_object(
-        f"{RBAC}/clusterrolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-        },
-    )  # fmt: skip
-    token = api.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}},
-    )["status"]["token"]
-    return cluster.plane.pki.kubeconfig(path, cluster.plane.server, name, token=token)
-
-
 def start_mpi_operator(cluster: Any) -> Process:
     """mpi-operator with its CRD and ClusterRole; host names ``<pod>.<job>.<ns>.svc.cluster.local``
     in its hostfile (``-cluster-domain``), which the node agent's hosts files resolve."""
@@ -81,8 +57,9 @@ def start_mpi_operator(cluster: Any) -> Process:
     api = cluster.api()
     install_crds(api, [assets / "kubeflow.org_mpijobs.yaml"])
     (role,) = [d for d in yaml_documents(assets / "cluster-role.yaml") if d["metadata"]["name"] == "mpi-operator"]
-    kubeconfig = service_account_with_cluster_role(
-        cluster, "mpi-operator", "mpi-operator", role, cluster.workdir / "mpi-operator.kubeconfig"
+    ensure_namespace(api, "mpi-operator")
+    kubeconfig = cluster.bind_service_account(
+        "mpi-operator", "mpi-operator", role, cluster.workdir / "mpi-operator.kubeconfig"
     )
     process = Process(
         "mpi-operator",

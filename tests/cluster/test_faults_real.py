@@ -21,7 +21,7 @@ from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import api_client, job_objects
+from tests.cluster.conftest import Log, api_client, job_objects
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -33,11 +33,6 @@ PROGRAM = (
     "    print(f'rank {rank} line {i:04d}', flush=True); time.sleep(0.1)\n"
     "if rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'done': True}))\n"
 )
-
-
-class Log(list[str]):
-    def __call__(self, text: str) -> None:
-        self.extend(text.splitlines())
 
 
 def make_plan(**fields: Any) -> JobPlan:

@@ -6,7 +6,6 @@ operator's names, in host mode and from the operator's own hostfile."""
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from typing import Any
 
@@ -18,7 +17,7 @@ from airflow_mpi.naming import RunIdentity
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import api_client
+from tests.cluster.conftest import Log, api_client, when_logged
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -30,11 +29,6 @@ PROGRAM = (
     "hosts = c.gather(socket.gethostname())\n"
     "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size, 'hosts': sorted(hosts)}))"
 )
-
-
-class Log(list[str]):
-    def __call__(self, text: str) -> None:
-        self.extend(text.splitlines())
 
 
 @pytest.fixture
@@ -101,15 +95,7 @@ def test_an_evicted_worker_ends_the_job(operator: Cluster, namespace: str) -> No
     backend, plan = make(operator, namespace, command=[sys.executable, "-c", program])
     log = Log()
     victim = f"{plan.job_name}-worker-1"
-
-    def evict() -> None:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not any("training" in line for line in log):
-            time.sleep(0.1)
-        operator.evict(namespace, victim)
-
-    thread = threading.Thread(target=evict)
-    thread.start()
+    thread = when_logged(log, "training", lambda: operator.evict(namespace, victim))
     with pytest.raises(JobFailed) as caught:
         JobRunner(backend, plan, log).run()
     thread.join()
@@ -124,4 +110,33 @@ def test_the_timeout_ends_the_job(operator: Cluster, namespace: str) -> None:
     with pytest.raises(JobTimeout):
         JobRunner(backend, plan, Log()).run()
     assert time.monotonic() - started < 5 + 40
+    assert left(operator, namespace) == []
+
+
+TASKFLOW_FUNCTION = [
+    "def train(scale):\n",
+    "    from mpi4py import MPI\n",
+    "    comm = MPI.COMM_WORLD\n",
+    "    return {'sum': comm.allreduce((comm.rank + 1) * scale), 'size': comm.size}\n",
+]
+
+
+def test_a_taskflow_function_runs_as_an_mpijob(operator: Cluster, namespace: str) -> None:
+    """@task.mpi's command names no path: the runner is found in our config directory, which the
+    MPIJob backend mounts off the operator's /etc/mpi."""
+    from airflow_mpi.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
+
+    call = FunctionCall(function_source("train", TASKFLOW_FUNCTION, 1, "/dags/tf.py"), [10], {}, ["scale"])
+    backend, plan = make(
+        operator,
+        namespace,
+        name="mjtf",
+        command=runner_command(sys.executable),
+        files=build_taskflow_files(call),
+        workers={"replicas": 1},
+    )
+    assert plan.paths.config_dir != "/etc/mpi"
+    log = Log()
+    result = JobRunner(backend, plan, log).run()
+    assert result.exit_code == 0 and result.result == {"sum": 30, "size": 2}, log
     assert left(operator, namespace) == []

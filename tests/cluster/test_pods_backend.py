@@ -5,7 +5,6 @@ collector (teardown through owner references); real sshd, mpiexec and mpi4py in 
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from typing import Any
 
@@ -18,7 +17,7 @@ from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.runner import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import MISSING_IMAGE, Cluster
-from tests.cluster.conftest import api_client, job_objects
+from tests.cluster.conftest import Log, api_client, job_objects, when_logged
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -29,11 +28,6 @@ PROGRAM = (
     "s = c.allreduce(c.rank + 1); hosts = c.gather(socket.gethostname())\n"
     "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size, 'hosts': sorted(hosts)}))\n"
 )
-
-
-class Log(list[str]):
-    def __call__(self, text: str) -> None:
-        self.extend(text.splitlines())
 
 
 def make_plan(workers: int | dict[str, Any] = 2, **fields: Any) -> JobPlan:
@@ -116,15 +110,7 @@ def test_an_evicted_worker_ends_the_job(cluster: Cluster, namespace: str) -> Non
     plan = make_plan(workers=2, command=[sys.executable, "-c", program])
     log = Log()
     victim = f"{plan.job_name}-worker-1"
-
-    def evict_once_training() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any("training" in line for line in log):
-            time.sleep(0.1)
-        cluster.evict(namespace, victim)
-
-    evictor = threading.Thread(target=evict_once_training)
-    evictor.start()
+    evictor = when_logged(log, "training", lambda: cluster.evict(namespace, victim))
     started = time.monotonic()
     with pytest.raises(JobFailed) as caught:
         run(backend_for(cluster, namespace), plan, log)

@@ -9,6 +9,7 @@ import copy
 import pwd
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster, readme_role_rules
-from tests.cluster.conftest import api_client, job_objects
+from tests.cluster.conftest import Log, api_client, job_objects
 from tests.integration.test_nonroot import user  # noqa: F401 (the non-root user fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -31,11 +32,6 @@ PROGRAM = (
     "if os.environ.get('OMPI_COMM_WORLD_RANK') == '0':\n"
     "    print('AIRFLOW_MPI_RESULT ' + json.dumps({'uid': os.getuid(), 'size': int(os.environ['OMPI_COMM_WORLD_SIZE'])}))\n"
 )
-
-
-class Log(list[str]):
-    def __call__(self, text: str) -> None:
-        self.extend(text.splitlines())
 
 
 def make_plan(namespace: str, **fields: Any) -> JobPlan:
@@ -87,10 +83,22 @@ def test_the_readme_role_is_enough(cluster: Cluster, namespace: str, tmp_path: P
     assert job_objects(cluster.api(), namespace) == []
 
 
+@pytest.fixture(scope="module")
+def refused_namespace(cluster: Cluster) -> Iterator[str]:
+    """One namespace for every refused job: nothing is created in it (the check comes first)."""
+    name = f"refused-{time.monotonic_ns() % 10**8}"
+    cluster.create_namespace(name)
+    yield name
+    left = job_objects(cluster.api(), name)
+    cluster.delete_namespace(name, wait=0)
+    assert left == []
+
+
 @pytest.mark.parametrize(("resource", "verb"), role_verbs(), ids=[f"{r}-{v}" for r, v in role_verbs()])
 def test_each_verb_of_the_readme_role_is_needed(
-    cluster: Cluster, namespace: str, tmp_path: Path, resource: str, verb: str
+    cluster: Cluster, refused_namespace: str, tmp_path: Path, resource: str, verb: str
 ) -> None:
+    namespace = refused_namespace
     backend = backend_as(cluster, namespace, without(readme_role_rules(), resource, verb), tmp_path)
     plan = make_plan(namespace)
     with pytest.raises(MPIJobError) as caught:
@@ -117,7 +125,7 @@ def test_a_restricted_namespace_refuses_a_root_job_with_the_admission_message(cl
         assert "403 Forbidden" in message and "pod.run_as_user" in message, message
         assert job_objects(cluster.api(), namespace) == []
     finally:
-        cluster.delete_namespace(namespace)
+        cluster.delete_namespace(namespace, wait=0)
 
 
 def test_a_run_as_user_job_runs_in_a_restricted_namespace(cluster: Cluster, user: pwd.struct_passwd) -> None:  # noqa: F811
@@ -136,4 +144,4 @@ def test_a_run_as_user_job_runs_in_a_restricted_namespace(cluster: Cluster, user
         assert result.result == {"uid": user.pw_uid, "size": 2}, log
         assert job_objects(cluster.api(), namespace) == []
     finally:
-        cluster.delete_namespace(namespace)
+        cluster.delete_namespace(namespace, wait=0)

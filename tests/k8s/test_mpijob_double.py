@@ -716,7 +716,9 @@ def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: 
     kube.start()
     try:
         cluster = Cluster(kube, controller)
-        kueue.hold_admission(1.0)
+        # Long enough to see the job suspended after its create, which validates it against the
+        # MPIJob CRD's schema when the CRDs are beside the checkout (over a second on a busy machine).
+        kueue.hold_admission(5.0)
         body = mpijob("queued")
         body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "training"}
         cluster.submit(body)

@@ -51,27 +51,6 @@ with DAG("mpi_test_sensor", schedule=None, start_date=START, catchup=False):
         retries=0,
     )
 
-# A real MPI job (mpi4py over real sshd and mpiexec in sandboxed pods) through the Kubernetes
-# backend and the API double: once waiting in the worker, once deferred to a trigger.
-K8S_JOB = {
-    "name": "k8s-e2e",
-    "image": "registry.example/airflow-mpi-train:0.1",
-    "command": [
-        PY,
-        "-c",
-        "from mpi4py import MPI; import json; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
-        "print('rank', c.rank, 'of', c.size)\n"
-        "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size}))",
-    ],
-    "workers": {"replicas": 2},
-    "startup_timeout": 60,
-    "timeout": 120,
-}
-
-with DAG("mpi_test_k8s", schedule=None, start_date=START, catchup=False):
-    MPIJobOperator(task_id="waiting", job=K8S_JOB, mpi_conn_id="mpi_k8s", deferrable=False, retries=0)
-    MPIJobOperator(task_id="deferred", job=K8S_JOB, mpi_conn_id="mpi_k8s", deferrable=True, retries=0)
-
 with DAG("mpi_test_k8s_deferred", schedule=None, start_date=START, catchup=False):
     MPIJobOperator(
         task_id="train",
