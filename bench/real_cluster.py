@@ -18,6 +18,7 @@ sys.path.insert(0, str(REPO))
 from airflow_mpi.backends.kubernetes import KubernetesBackend  # noqa: E402
 from airflow_mpi.backends.mpijob import MPIJobBackend  # noqa: E402
 from airflow_mpi.naming import RunIdentity  # noqa: E402
+from airflow_mpi.plan import render_plan  # noqa: E402
 from airflow_mpi.runner import JobRunner  # noqa: E402
 from airflow_mpi.spec import MPIJobSpec  # noqa: E402
 from tests.cluster.cluster import Cluster, built  # noqa: E402
@@ -49,7 +50,8 @@ def one_job(cluster: Cluster, namespace: str, kind: str, workers: int) -> dict[s
         "command": [sys.executable, "-c", PROGRAM], "workers": {"replicas": workers},
         "startup_timeout": 120, "timeout": 120,
     })  # fmt: skip
-    plan = backend.render_plan(spec, RunIdentity("bench", kind, uuid.uuid4().hex[:8]))
+    identity = RunIdentity("bench", kind, uuid.uuid4().hex[:8])
+    plan = backend.render_plan(spec, identity) if isinstance(backend, MPIJobBackend) else render_plan(spec, identity)
     ranks = workers + 1
     seen: set[str] = set()
     all_started: list[float] = []
