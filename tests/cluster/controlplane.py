@@ -265,17 +265,10 @@ class ControlPlane:
         self._start_apiserver()
 
     def _start_controller_manager(self) -> None:
-        kubeconfig = self.workdir / "controller-manager.kubeconfig"
-        process = self._spawn(
+        self._start_component(
             "kube-controller-manager",
+            "controller-manager",
             [
-                self._binary("kubernetes", "kube-controller-manager"),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={self.sa.key}",
                 f"--root-ca-file={self.pki_dir / 'ca.crt'}",
@@ -284,26 +277,26 @@ class ControlPlane:
                 "--controllers=*",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--node-monitor-grace-period=40s",
-                "--v=1",
             ],
         )
-        self._wait_healthz(process)
 
     def _start_scheduler(self) -> None:
-        kubeconfig = self.workdir / "scheduler.kubeconfig"
-        process = self._spawn(
-            "kube-scheduler",
-            [
-                self._binary("kubernetes", "kube-scheduler"),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--v=1",
-            ],
-        )
+        self._start_component("kube-scheduler", "scheduler", [])
+
+    def _start_component(self, binary: str, user: str, flags: list[str]) -> None:
+        """A controller-manager or scheduler: its own kubeconfig for the API, for authenticating
+        and authorizing its own /healthz, no leader election, serving on loopback."""
+        kubeconfig = self.workdir / f"{user}.kubeconfig"
+        common = [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            "--v=1",
+        ]
+        process = self._spawn(binary, [self._binary("kubernetes", binary), *common, *flags])
         self._wait_healthz(process)
 
     def stop_component(self, name: str) -> Process:
