@@ -5,6 +5,7 @@ with 2 and 8 workers."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 import time
@@ -114,6 +115,8 @@ def measure(quick: bool) -> dict[str, Any]:
         cluster.delete_namespace(namespace)
     finally:
         cluster.stop()
+        with contextlib.suppress(OSError):
+            root.rmdir()  # only if empty
     return results
 
 
