@@ -64,3 +64,20 @@ def test_while_deferred_a_refused_result_is_warned_and_a_wrong_world_size_fails_
     assert "mpiexec started 99 rank(s) but the job has" in out
     assert "tick 299" not in out
     assert job_objects(double) == []
+
+
+@pytest.mark.usefixtures("connections")
+def test_while_deferred_a_dropped_log_stream_loses_and_repeats_no_line(
+    dagbag: Any, double: KubeDouble, scripts: Scripts, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The trigger's follow resumes a cut stream from its byte cursor, as the waiting path does."""
+    scripts.on("-master-", PodScript(lines=lambda: paced(numbered()), exit_code=0))
+    double.drop_log_streams(after_lines=7, times=3)
+    dag_run = dagbag.get_dag("mpi_test_k8s_deferred").test()
+    out = capfd.readouterr().out
+    assert task_states(dag_run) == {"train": "success"}, out[-3000:]
+    shown = re.findall(r"<stdout>:line (\d{3})", out)
+    assert shown == [f"{i:03d}" for i in range(LINES)], out[-3000:]
+    assert double.request_count("GET", "/log") >= 4  # the first stream and three resumptions
+    assert out.count("AIRFLOW_MPI_RESULT") == 1
+    assert job_objects(double) == []
