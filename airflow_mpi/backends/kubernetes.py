@@ -80,10 +80,10 @@ from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import PodPhase, PodState, PodTable, WatchLoop, pod_state_from_k8s
 
 # The one API-dispatch table: each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
+_log = logging.getLogger(__name__)
 KINDS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
-_log = logging.getLogger(__name__)
 TEARDOWN_WAIT = 60.0  # for the pods to go once the API has accepted the delete
 TAIL_READ_TIMEOUT = 10.0  # a failure message's "last lines" are not worth a longer wait
 GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the owner Service is gone

@@ -491,7 +491,7 @@ class PodRunner:
         for volume_mount in self.container.get("volumeMounts") or []:
             volume = volumes[volume_mount["name"]]
             target = volume_mount["mountPath"]
-            Path(target).mkdir(parents=True, exist_ok=True)
+            self.agent.make_mount_point(Path(target))
             read_only = bool(volume_mount.get("readOnly"))
             path = root / volume["name"]
             if "emptyDir" in volume:
@@ -933,6 +933,7 @@ class NodeAgent:
         self.sandbox = Sandbox.create(Path(config["state_dir"]), f"nodes-{os.getpid()}")
         self._hosts: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._hosts_lock = threading.Lock()
+        self._mount_points: set[Path] = set()
         self.nodes = [Node(self, NodeConfig(**n)) for n in config["nodes"]]
         self.control_port = int(config.get("control_port", 0))
 
@@ -1031,6 +1032,19 @@ class NodeAgent:
         with self._hosts_lock:
             self.sandbox.destroy()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        # Only now: removing a mount point another pod still has mounted would unmount it there.
+        for made in sorted(self._mount_points, key=lambda path: len(path.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                made.rmdir()  # only if empty
+
+    def make_mount_point(self, target: Path) -> None:
+        """The directory a volume is mounted on, made on this machine (the pods share its files);
+        what did not exist is removed when the agent stops."""
+        missing = [target, *target.parents]
+        missing = [path for path in missing if not path.exists()]
+        target.mkdir(parents=True, exist_ok=True)
+        with self._hosts_lock:
+            self._mount_points.update(missing)
 
 
 # --- small helpers ---------------------------------------------------------------------------
