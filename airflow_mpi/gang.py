@@ -125,10 +125,11 @@ def render_gang_manifests(
 WAITING_REASONS = ("Unschedulable", "SchedulingGated")
 
 
-def describe_group_wait(pods: list[Manifest]) -> str | None:
+def describe_group_wait(pods: list[Manifest], queue: str | None = None) -> str | None:
     """Why the group waits for admission, or None once any of its pods was scheduled (from then
     on the usual rules apply). A group waits when none of its pods is scheduled and one says why
-    (``PodScheduled=False``); the reason names the queue, group or missing room when it can."""
+    (``PodScheduled=False``), in the scheduler's words, after the ``queue`` it waits in (the
+    scheduler's verdict does not name it: Volcano's says "pod group is not ready, 3 Pending")."""
     if not pods:
         return None
     reason = None
@@ -139,4 +140,6 @@ def describe_group_wait(pods: list[Manifest]) -> str | None:
             return None
         if scheduled.get("status") == "False" and scheduled.get("reason") in WAITING_REASONS:
             reason = reason or scheduled.get("message") or scheduled.get("reason")
-    return f"queued: {reason}" if reason else None
+    if reason is None:
+        return None
+    return f"queued in queue {queue!r}: {reason}" if queue else f"queued: {reason}"

@@ -325,7 +325,7 @@ class KubernetesBackend:
             return None
         with job.watcher.cond:
             pods = list(job.watcher.table.pods.values())
-        return describe_group_wait(pods)
+        return describe_group_wait(pods, job.plan.spec.scheduling.queue)
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> _Job:
         job = _Job(

@@ -162,8 +162,10 @@ class MPIJobBackend(KubernetesBackend):
         with job.watcher.cond:
             pods = list(job.watcher.table.pods.values())
         if pods:  # a gang's pods wait unscheduled; others are not queued (startup_timeout holds)
-            gang = job.plan.spec.scheduling.gang if job.plan is not None else None
-            return describe_group_wait(pods) if gang is not None else None
+            scheduling = job.plan.spec.scheduling if job.plan is not None else None
+            if scheduling is None or scheduling.gang is None:
+                return None
+            return describe_group_wait(pods, scheduling.queue)
         mpijob = self.custom.get(job.namespace, MPIJOB, job_name)
         failure = describe_mpijob_failure(mpijob)
         if failure is not None:

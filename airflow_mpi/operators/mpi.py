@@ -174,6 +174,7 @@ class MPIJobOperator(BaseOperator):
                 marks=runner.marks,
                 gang=gang,
                 queue_deadline=time.time() + queue_timeout if gang and queue_timeout else None,
+                queue=spec.scheduling.queue,
                 custom_objects=[list(kind) for kind in custom],
                 # Waiting for the end, the trigger shows the master's lines live; it goes on after
                 # those this try's log holds (a reattached retry's earlier try showed them).

@@ -248,9 +248,15 @@ class GangControllers:
         volcano = plural == self.volcano_groups
         phase = "Inqueue" if volcano and fits else "Pending"
         self._set_group_phase(plural, group, phase)
-        message = f"pod group {meta['name']} is {phase}: {len(members)} of {need} pods exist" + (
-            "" if fits else "; the cluster has no room for the whole group now"
-        )
+        if volcano:  # vc-scheduler's own wording (JobInfo.FitError), which names no group or queue
+            message = (
+                f"pod group is not ready, {len(members)} Pending, {need} minAvailable; Pending: {len(members)} "
+                + ("Unschedulable" if fits else "Unschedulable, the cluster has no room for the whole group now")
+            )
+        else:
+            message = f"pod group {meta['name']} is {phase}: {len(members)} of {need} pods exist" + (
+                "" if fits else "; the cluster has no room for the whole group now"
+            )
         for pod in members:
             self._mark_waiting(pod, message)
 

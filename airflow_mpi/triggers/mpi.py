@@ -77,6 +77,7 @@ class MPIJobTrigger(BaseTrigger):
         marks: dict[str, float] | None = None,
         gang: bool = False,
         queue_deadline: float | None = None,
+        queue: str | None = None,
         custom_objects: list[list[str]] | None = None,
         master_log: dict[str, Any] | None = None,
         skip_lines: int = 0,
@@ -99,6 +100,7 @@ class MPIJobTrigger(BaseTrigger):
         # and ``queue_deadline`` (scheduling.queue_timeout, epoch seconds) bounds that wait.
         self.gang = gang
         self.queue_deadline = queue_deadline
+        self.queue = queue  # the queue it waits in, for the message
         # [group, version, plural] of custom objects named after the job, deleted on a kill.
         self.custom_objects = [list(kind) for kind in custom_objects or []]
         # Waiting for the end, the master's log is followed into the task log (an
@@ -127,6 +129,7 @@ class MPIJobTrigger(BaseTrigger):
                 "marks": dict(self.marks),
                 "gang": self.gang,
                 "queue_deadline": self.queue_deadline,
+                "queue": self.queue,
                 "custom_objects": [list(kind) for kind in self.custom_objects],
                 "master_log": dict(self.master_log) if self.master_log else None,
                 "skip_lines": self.skip_lines,
@@ -143,7 +146,7 @@ class MPIJobTrigger(BaseTrigger):
     def decide(self, table: PodTable) -> Outcome | None:
         """The outcome to fire for the pods as they are now, or None to keep waiting."""
         if self.gang:
-            queued = describe_group_wait(list(table.pods.values())) or (
+            queued = describe_group_wait(list(table.pods.values()), self.queue) or (
                 None if table.pods else "queued: the job's pods do not exist yet"
             )
             if queued is not None:

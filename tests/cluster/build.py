@@ -9,7 +9,7 @@ Kubernetes staging modules, Volcano's ``volcano.sh/apis``) cannot be ``go instal
 from a small wrapper module that requires it and replaces each such module with a published
 release, derived from the upstream go.mod, never hard-coded.
 
-    python tests/cluster/build.py [--only NAME ... | --all]
+    python tests/cluster/build.py [--only NAME ...]
 
 Test code: nothing here ships in the wheel.
 """
@@ -80,6 +80,7 @@ COMPONENTS: dict[str, Component] = {
                 "config/components/crd/bases/*.yaml",
                 "config/components/webhook/manifests.yaml",
                 "config/components/rbac/role.yaml",
+                "config/components/rbac/manager_secrets_role.yaml",
             ),
         ),
         Component(
@@ -96,7 +97,13 @@ COMPONENTS: dict[str, Component] = {
             replaces={"volcano.sh/apis": "v1.14.0"},
             assets=(
                 "installer/helm/chart/volcano/crd/bases/*.yaml",
+                "installer/helm/chart/volcano/charts/jobflow/crd/bases/*.yaml",  # the controllers watch them
                 "installer/helm/chart/volcano/templates/webhooks.yaml",
+                # The ClusterRoles of its three components and the scheduler's default actions.
+                "installer/helm/chart/volcano/templates/admission.yaml",
+                "installer/helm/chart/volcano/templates/controllers.yaml",
+                "installer/helm/chart/volcano/templates/scheduler.yaml",
+                "installer/helm/chart/volcano/config/volcano-scheduler.conf",
             ),
         ),
     )
@@ -112,7 +119,17 @@ def bin_dir(component: Component) -> Path:
 
 
 def is_built(component: Component) -> bool:
-    return (bin_dir(component) / ".complete").exists() and (not component.assets or assets_dir(component).exists())
+    return (bin_dir(component) / ".complete").exists() and _assets_current(component)
+
+
+def _assets_current(component: Component) -> bool:
+    """The assets copied are the ones this checkout lists (a list that grew copies them again)."""
+    if not component.assets:
+        return True
+    try:
+        return json.loads((assets_dir(component) / ".patterns").read_text()) == list(component.assets)
+    except (OSError, ValueError):
+        return False
 
 
 def assets_dir(component: Component) -> Path:
@@ -121,7 +138,7 @@ def assets_dir(component: Component) -> Path:
 
 def copy_assets(component: Component, work: Path) -> None:
     """The module's CRDs, RBAC and webhook manifests, beside the binaries (same relative paths)."""
-    if not component.assets or assets_dir(component).exists():
+    if _assets_current(component):
         return
     upstream = module_dir(component.module, component.version, work)
     staging = assets_dir(component).with_name("assets.partial")
@@ -134,6 +151,8 @@ def copy_assets(component: Component, work: Path) -> None:
             target = staging / source.relative_to(upstream)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
+    (staging / ".patterns").write_text(json.dumps(list(component.assets)))
+    shutil.rmtree(assets_dir(component), ignore_errors=True)
     staging.rename(assets_dir(component))
 
 
@@ -253,20 +272,18 @@ def build(component: Component, log=print) -> Path:
     return out
 
 
-# What the real-cluster tier runs today; Kueue and Volcano build (``--only kueue volcano``) and
-# wait for their tests.
-TIER = ("etcd", "kubernetes", "mpi-operator")
+# What the real-cluster tier runs: every component.
+TIER = tuple(COMPONENTS)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=sorted(COMPONENTS), help="build these components only")
-    parser.add_argument("--all", action="store_true", help="every component, Kueue and Volcano too")
     args = parser.parse_args(argv)
     if not shutil.which("go"):
         print("build: Go is not installed (https://go.dev/dl/); the real-cluster tier needs it", file=sys.stderr)
         return 2
-    for name in args.only or (COMPONENTS if args.all else TIER):
+    for name in args.only or TIER:
         t0 = time.monotonic()
         path = build(COMPONENTS[name], log=lambda m: print(m, flush=True))
         print(f"{name} {COMPONENTS[name].version}: {path} ({time.monotonic() - t0:.0f} s)", flush=True)

@@ -140,8 +140,13 @@ class Cluster:
     def controller(self, name: str) -> Process:
         """Start a real controller (``mpi-operator``, ``kueue``, ``volcano``) once; later calls
         return the running one."""
-        from tests.cluster import controllers
+        from tests.cluster import controllers, volcano
 
+        if name == "volcano":  # three processes; the scheduler stands for them
+            if not all(self.controllers.get(p) and self.controllers[p].alive for p in volcano.PROCESSES):
+                for part in volcano.start_volcano(self):
+                    self.controllers[part.name] = part
+            return self.controllers["vc-scheduler"]
         process = self.controllers.get(name)
         if process is None or not process.alive:
             starters = {"mpi-operator": controllers.start_mpi_operator}

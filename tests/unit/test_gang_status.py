@@ -24,6 +24,13 @@ def test_a_group_waits_while_none_of_its_pods_is_scheduled() -> None:
     assert describe_group_wait([pod("False", "SchedulingGated")]) == "queued: SchedulingGated"
 
 
+def test_the_wait_names_the_queue_the_scheduler_does_not() -> None:
+    # The real vc-scheduler's verdict on a group its queue cannot hold names no queue.
+    verdict = "pod group is not ready, 3 Pending, 3 minAvailable; Pending: 3 Unschedulable"
+    waiting = pod("False", "Unschedulable", verdict)
+    assert describe_group_wait([waiting], "training") == f"queued in queue 'training': {verdict}"
+
+
 def test_a_group_is_admitted_once_one_pod_is_scheduled_or_none_says_why() -> None:
     assert describe_group_wait([pod("False", "Unschedulable", "x"), pod("True")]) is None
     assert describe_group_wait([pod(None), pod(None)]) is None  # no verdict yet: not queued
