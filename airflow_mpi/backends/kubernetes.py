@@ -505,6 +505,9 @@ class KubernetesBackend:
                 return
             reconnects += 1
             job.watcher.wait(0.2 if clean else 0.05)  # let the watch catch up with the pod's end
+            # The runner's turn: a stream that keeps ending at once (a node that lost the
+            # container while its pod says Running) must not keep its timeout from running.
+            yield []
 
     def _master_state(self, job: _Job) -> PodState:
         states = {s.name: s for s in self.pod_states(job.name)}

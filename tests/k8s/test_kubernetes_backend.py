@@ -220,6 +220,32 @@ def test_log_stream_dropped_10_times_loses_and_repeats_nothing(
     assert double.request_count("GET", "/log") == 11  # 1 + 10 resumes
 
 
+def test_a_master_log_that_keeps_ending_while_the_pod_runs_still_times_out(
+    backend: KubernetesBackend, double: KubeDouble, scripts: Scripts
+) -> None:
+    """Found on the real control plane: a kubelet that lost track of the master's container ends
+    every log stream at once while the pod still says Running. Each reconnect must hand control
+    back to the runner, or its timeout and worker checks never run again."""
+    double.drop_log_streams(after_lines=0, times=10**6)
+    scripts.on("-master-", PodScript(lines=lambda: iter(["[1,0]<stdout>:training"])))  # until deleted
+    plan = make_plan(workers=1, timeout=2)
+    outcome: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            run(backend, plan)
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=go, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the runner never got control back from the log follow"
+    assert isinstance(outcome[0], JobTimeout) and time.monotonic() - started < 2 + 10, outcome
+    assert job_objects(double, plan.job_name) == []
+
+
 def test_api_500_on_create_is_retried(backend: KubernetesBackend, double: KubeDouble) -> None:
     double.fail_requests(method="POST", path="/pods$", status=500, count=2)
     double.fail_requests(method="POST", path="/services$", status=503, count=1)
