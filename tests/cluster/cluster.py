@@ -149,7 +149,7 @@ class Cluster:
             return self.controllers["vc-scheduler"]
         process = self.controllers.get(name)
         if process is None or not process.alive:
-            starters = {"mpi-operator": controllers.start_mpi_operator}
+            starters = {"mpi-operator": controllers.start_mpi_operator, "kueue": controllers.start_kueue}
             process = self.controllers[name] = starters[name](self)
         return process
 

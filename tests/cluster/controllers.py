@@ -71,3 +71,181 @@ def start_mpi_operator(cluster: Any) -> Process:
     # It reports nothing until it leads (leader election always runs); then it syncs MPIJobs.
     wait_for("mpi-operator leading", lambda: "Started workers" in process.tail(200), 90, process)
     return process
+
+
+# --- Kueue ---------------------------------------------------------------------------------
+
+KUEUE_NAMESPACE = "kueue-system"
+# The CRDs its kustomize gives a conversion webhook (config/components/crd/kustomization.yaml):
+# they store v1beta2 and serve v1beta1 too, which the product's Workload requests use.
+KUEUE_CONVERTED_CRDS = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+# Its webhook kustomization keeps the pod-level webhooks off these namespaces.
+KUEUE_POD_LEVEL_WEBHOOKS = ("mpod.kb.io", "mdeployment.kb.io", "mstatefulset.kb.io",
+                            "vpod.kb.io", "vdeployment.kb.io", "vstatefulset.kb.io")  # fmt: skip
+KUEUE_FRAMEWORKS = ("pod", "kubeflow.org/mpijob")
+# Kueue reads its metrics serving certificate from this fixed path when it does not manage its
+# certificates itself (cmd/kueue/main.go): it sees it through an overlay on /etc in a mount
+# namespace of its own, so nothing is written to this machine's /etc.
+KUEUE_METRICS_CERTS = "kueue/metrics/certs"
+WEBHOOK_KINDS = {"MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+                 "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}  # fmt: skip
+
+
+def kueue_webhook_configurations(assets: Path, url: str, ca_bundle: bytes) -> list[Obj]:
+    """Kueue's webhook configurations as its kustomize makes them (``kueue-`` name prefix, the
+    namespace selector of the pod-level webhooks), each calling ``url`` + its path."""
+    import base64
+
+    configurations = []
+    for doc in yaml_documents(assets / "webhook" / "manifests.yaml"):
+        doc["metadata"]["name"] = "kueue-" + doc["metadata"]["name"]
+        for webhook in doc["webhooks"]:
+            path = webhook["clientConfig"]["service"]["path"]
+            webhook["clientConfig"] = {"url": url + path, "caBundle": base64.b64encode(ca_bundle).decode()}
+            if webhook["name"] in KUEUE_POD_LEVEL_WEBHOOKS:
+                webhook["namespaceSelector"] = {"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                     "values": ["kube-system", KUEUE_NAMESPACE]}]}  # fmt: skip
+        configurations.append(doc)
+    return configurations
+
+
+def kueue_crd_paths(assets: Path) -> list[Path]:
+    return sorted((assets / "crd" / "bases").glob("*.yaml"))
+
+
+def install_kueue_crds(api: KubeApi, assets: Path, url: str, ca_bundle: bytes) -> list[str]:
+    """Kueue's CRDs with the conversion webhook its kustomize patches in (at ``url``/convert)."""
+    import base64
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for path in kueue_crd_paths(assets):
+            docs = yaml_documents(path)
+            for crd in docs:
+                plural = crd.get("spec", {}).get("names", {}).get("plural")
+                if crd.get("kind") == "CustomResourceDefinition" and plural in KUEUE_CONVERTED_CRDS:
+                    crd["spec"]["conversion"] = {
+                        "strategy": "Webhook",
+                        "webhook": {
+                            "clientConfig": {"url": url + "/convert", "caBundle": base64.b64encode(ca_bundle).decode()},
+                            "conversionReviewVersions": ["v1"],
+                        },
+                    }
+            target = Path(tmp) / path.name
+            target.write_text(yaml.safe_dump_all(docs))
+            paths.append(target)
+        return install_crds(api, paths)
+
+
+def kueue_configuration(webhook_port: int, cert_dir: Path, health_port: int, metrics_port: int) -> Obj:
+    """Kueue's Configuration: served on loopback with the test CA's certificate, no leader
+    election, no certificate management, no visibility server (an aggregated API it would serve
+    on all interfaces), the plain-pod and MPIJob integrations in every namespace but its own and
+    kube-system (its default), jobs without a queue name left alone."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": KUEUE_NAMESPACE,
+        "manageJobsWithoutQueueName": False,
+        "managedJobsNamespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", KUEUE_NAMESPACE]}]},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
+        "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "clientConnection": {"qps": 50, "burst": 100},
+        "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
+        "featureGates": {"VisibilityOnDemand": False},
+    }  # fmt: skip
+
+
+def kueue_dry_run(api: KubeApi) -> bool:
+    """A v1beta1 ClusterQueue through the apiserver: the conversion, mutating and validating
+    webhooks all answer."""
+    body = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": "kueue-ready-check"},
+            "spec": {"namespaceSelector": {}}}  # fmt: skip
+    api.request("POST", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues", body, query={"dryRun": "All"})
+    return True
+
+
+def start_kueue(cluster: Any) -> Process:
+    """Kueue as its release installs it: its CRDs (with their conversion webhook), its ClusterRole
+    (manager-role) bound to a ServiceAccount in kueue-system, its webhook configurations
+    pointing at it on loopback by URL (a serving certificate for 127.0.0.1 signed by the cluster
+    CA), and the integrations the product uses: plain pods and MPIJobs. The MPIJob CRD is
+    installed first when mpi-operator is built (Kueue sets up an integration whose CRD is missing
+    only after a back-off)."""
+    import http.client
+    import shutil
+
+    from tests.cluster.controlplane import free_port
+
+    component = COMPONENTS["kueue"]
+    if not is_built(component):
+        raise RuntimeError("kueue is not built: run `make cluster-build`")
+    assets = assets_dir(component) / "config" / "components"
+    api = cluster.api()
+    pki = cluster.plane.pki
+    work = cluster.workdir / "kueue"
+    webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    url = f"https://127.0.0.1:{webhook_port}"
+
+    serving = pki.issue("kueue-webhook", "kueue-webhook", server_ips=("127.0.0.1",), client=False)
+    cert_dir = work / "certs"
+    metrics_certs = work / "etc-upper" / KUEUE_METRICS_CERTS
+    (work / "etc-work").mkdir(parents=True, exist_ok=True, mode=0o700)
+    for directory in (cert_dir, metrics_certs):
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.copyfile(serving.cert, directory / "tls.crt")
+        shutil.copyfile(serving.key, directory / "tls.key")
+
+    mpijob_crd = assets_dir(COMPONENTS["mpi-operator"]) / "manifests" / "base" / "kubeflow.org_mpijobs.yaml"
+    if is_built(COMPONENTS["mpi-operator"]):
+        install_crds(api, [mpijob_crd])
+    install_kueue_crds(api, assets, url, pki.ca_pem)
+    ensure_namespace(api, KUEUE_NAMESPACE)
+    (role,) = [d for d in yaml_documents(assets / "rbac" / "role.yaml") if d["metadata"]["name"] == "manager-role"]
+    # And the Role its kustomize binds in its own namespace: the Secrets there (it watches them).
+    (secrets,) = yaml_documents(assets / "rbac" / "manager_secrets_role.yaml")
+    cluster.bind_service_account(KUEUE_NAMESPACE, "kueue", secrets, cluster.workdir / "kueue-secrets.kubeconfig")
+    kubeconfig = cluster.bind_service_account(KUEUE_NAMESPACE, "kueue", role, cluster.workdir / "kueue.kubeconfig")
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(kueue_configuration(webhook_port, cert_dir, health_port, metrics_port)))
+
+    overlay = 'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc && shift 2 && exec "$@"'
+    process = Process(
+        "kueue",
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", overlay, "sh",
+         str(work / "etc-upper"), str(work / "etc-work"),
+         str(bin_dir(component) / "kueue"), f"--config={config}", f"--kubeconfig={kubeconfig}"],
+        cluster.workdir / "logs" / "kueue.log",
+    )  # fmt: skip
+    process.start()
+
+    def ready() -> bool:
+        connection = http.client.HTTPConnection("127.0.0.1", health_port, timeout=5)
+        try:
+            connection.request("GET", "/readyz")
+            return connection.getresponse().status == 200
+        finally:
+            connection.close()
+
+    # Its webhooks are registered once it serves them, and removed if it does not answer: they
+    # fail closed, and would refuse every pod of the session's later tests.
+    webhooks = kueue_webhook_configurations(assets, url, pki.ca_pem)
+    try:
+        wait_for("kueue's webhook server", ready, 90, process)
+        for configuration in webhooks:
+            api.apply_object(f"/apis/admissionregistration.k8s.io/v1/{WEBHOOK_KINDS[configuration['kind']]}",
+                             configuration)  # fmt: skip
+        wait_for("kueue's webhooks answering the apiserver", lambda: kueue_dry_run(api), 60, process)
+    except BaseException:
+        process.stop()
+        for configuration in webhooks:
+            api.delete(f"/apis/admissionregistration.k8s.io/v1/{WEBHOOK_KINDS[configuration['kind']]}/"
+                       f"{configuration['metadata']['name']}")  # fmt: skip
+        raise
+    return process

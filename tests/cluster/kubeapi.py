@@ -33,7 +33,10 @@ class ApiError(Exception):
 class KubeApi:
     """Requests as the user of ``kubeconfig`` (client certificate or bearer token)."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, retry_for: float = 0) -> None:
+        """``retry_for``: seconds a request is tried again while the apiserver cannot be reached
+        or answers 429/5xx (restarting), as a kubelet's loops retry; 0: never."""
+        self.retry_for = retry_for
         config = yaml.safe_load(kubeconfig.read_text())
         cluster = config["clusters"][0]["cluster"]
         user = config["users"][0]["user"]
@@ -61,11 +64,21 @@ class KubeApi:
             request.add_header("Content-Type", content_type)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(request, context=self.context, timeout=timeout) as response:
-                text = response.read().decode()
-        except urllib.error.HTTPError as error:
-            raise ApiError(error.code, error.read().decode(errors="replace"), method, path) from None
+        give_up = time.monotonic() + self.retry_for
+        while True:
+            try:
+                with urllib.request.urlopen(request, context=self.context, timeout=timeout) as response:
+                    text = response.read().decode()
+                break
+            except urllib.error.HTTPError as error:
+                if (error.code == 429 or error.code >= 500) and time.monotonic() < give_up:
+                    time.sleep(0.5)
+                    continue
+                raise ApiError(error.code, error.read().decode(errors="replace"), method, path) from None
+            except OSError:  # refused, reset, timed out: the apiserver is restarting
+                if time.monotonic() >= give_up:
+                    raise
+                time.sleep(0.5)
         if not text:
             return None
         try:

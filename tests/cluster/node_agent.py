@@ -48,6 +48,7 @@ from tests.cluster.kubeapi import ApiError, KubeApi, Obj
 
 LEASE_SECONDS = 40
 RENEW_SECONDS = 10
+API_RETRY_SECONDS = 60
 MAX_LINE = 16 * 1024  # the kubelet's CRI log line limit: longer lines are split
 
 
@@ -672,7 +673,8 @@ class Node:
 
     def __init__(self, agent: NodeAgent, config: NodeConfig) -> None:
         self.agent, self.config = agent, config
-        self.api = KubeApi(Path(config.kubeconfig))
+        # Its requests outlast an apiserver restart, as the kubelet's status and volume loops do.
+        self.api = KubeApi(Path(config.kubeconfig), retry_for=API_RETRY_SECONDS)
         self.pods: dict[str, PodRunner] = {}  # by uid
         self.server: ThreadingHTTPServer | None = None
 

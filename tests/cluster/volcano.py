@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from tests.cluster.build import COMPONENTS, assets_dir, bin_dir, is_built
-from tests.cluster.controllers import ensure_namespace, install_crds
+from tests.cluster.controllers import WEBHOOK_KINDS, ensure_namespace, install_crds
 from tests.cluster.controlplane import Process, free_port, wait_for
 from tests.cluster.kubeapi import KubeApi, Obj
 
@@ -30,8 +30,6 @@ ENABLED_ADMISSIONS = (
     "/jobs/mutate,/jobs/validate,/podgroups/validate,/queues/mutate,/queues/validate,/hypernodes/validate,"
     "/cronjobs/validate"
 )
-WEBHOOK_KINDS = {"MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
-                 "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}  # fmt: skip
 _IF = re.compile(r"^\s*\{\{-?\s*if\s+(.*?)\s*-?\}\}\s*$")
 _ELSE = re.compile(r"^\s*\{\{-?\s*else\s*-?\}\}\s*$")
 _END = re.compile(r"^\s*\{\{-?\s*end\s*-?\}\}\s*$")
