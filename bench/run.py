@@ -331,8 +331,9 @@ def deferred_logs(quick: bool) -> list[Figure]:
 
 # name -> (function, needs the machine lock, in the quick run)
 def real_cluster(quick: bool) -> list[Figure]:
-    """9. The real control plane built from source: start, pod start latency, and the pods and
-    MPIJob backends side by side (submit -> every rank started, API requests per job)."""
+    """9. The real control plane built from source: start, pod start latency, the pods, MPIJob and
+    Volcano backends side by side (submit -> every rank started, API requests per job), and the
+    master's log through the real log proxy against KubernetesPodOperator's reader."""
     from real_cluster import measure
 
     got = measure(quick)
@@ -343,15 +344,28 @@ def real_cluster(quick: bool) -> list[Figure]:
         figure("real cluster: mpi-operator start (CRD, RBAC, leading)", got["mpi_operator_start"], "s"),
         figure("real cluster: pod create -> ran (scheduler + node agent), median", got["pod_start_latency"], "s"),
     ]  # fmt: skip
+    figures.append(figure("real cluster: Volcano start (webhooks answering, default queue open)",
+                          got["volcano_start"], "s"))  # fmt: skip
     for workers in (2,) if quick else (2, 8):
-        pods, mpijob = got[f"pods_{workers}"], got[f"mpijob_{workers}"]
-        figures += [
-            figure(f"real cluster {workers} workers: pods backend, submit -> every rank started",
-                   pods["ranks_started"], "s", baseline="MPIJob backend (real mpi-operator)",
-                   baseline_value=mpijob["ranks_started"]),
-            figure(f"real cluster {workers} workers: pods backend, API requests per job", pods["requests"],
-                   "requests", baseline="MPIJob backend (real mpi-operator)", baseline_value=mpijob["requests"]),
-        ]  # fmt: skip
+        pods = got[f"pods_{workers}"]
+        for kind, name in (("mpijob", "MPIJob backend (real mpi-operator)"),
+                           ("volcano", "Volcano Job backend (real Volcano)")):  # fmt: skip
+            other = got[f"{kind}_{workers}"]
+            figures += [
+                figure(f"real cluster {workers} workers: pods backend, submit -> every rank started",
+                       pods["ranks_started"], "s", baseline=name, baseline_value=other["ranks_started"]),
+                figure(f"real cluster {workers} workers: pods backend, API requests per job", pods["requests"],
+                       "requests", baseline=name, baseline_value=other["requests"]),
+            ]  # fmt: skip
+    ours, kpo = got["logs"]["airflow-mpi"], got["logs"]["KubernetesPodOperator"]
+    kpo_name = "KubernetesPodOperator (PodManager.fetch_container_logs, follow=True), same apiserver"
+    figures.append(figure("real cluster logs: master's lines into the task logger (apiserver log proxy)",
+                          ours["plain"]["lines_per_s"], "lines/s", baseline=kpo_name,
+                          baseline_value=kpo["plain"]["lines_per_s"]))  # fmt: skip
+    for what in ("lost", "duplicated"):
+        figures.append(figure(f"real cluster logs, apiserver restarted mid-stream: lines {what}",
+                              ours["apiserver_restart"][what], "lines", baseline=kpo_name,
+                              baseline_value=kpo["apiserver_restart"][what], at_most=0))  # fmt: skip
     return figures
 
 

@@ -97,9 +97,12 @@ class VolcanoBackend(KubernetesBackend):
         # Foreground: the Job is gone only once everything it owns is.
         self.custom.delete(namespace, VOLCANO_JOB, job_name, propagation="Foreground")
         super().teardown(job_name, namespace)  # waits for the pods; its Service delete finds none
-        deadline = time.monotonic() + TEARDOWN_WAIT
+        # Real Volcano: the pods go at once, the succeeded master (and so the Job) up to ~20 s
+        # later: poll with a back-off, not 5 times a second.
+        deadline, pause = time.monotonic() + TEARDOWN_WAIT, 0.2
         while self.custom.get(namespace, VOLCANO_JOB, job_name) is not None and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(pause)
+            pause = min(pause * 1.5, 2.0)
 
     def _delete_volcano_job(self, namespace: str, name: str) -> None:
         self.custom.delete(namespace, VOLCANO_JOB, name, propagation="Foreground")

@@ -246,6 +246,12 @@ class PodRunner:
             self.agent.log(f"pod {self.namespace}/{self.name}: {type(error).__name__}: {error}")
             with contextlib.suppress(Exception):
                 self.set_state({"waiting": {"reason": "RunContainerError", "message": str(error)}})
+            # It stays until deleted, then goes like any pod (else its deletion never finishes
+            # and whatever waits on it, e.g. a foreground deletion, waits for ever).
+            while not self.deleting.wait(0.5) and not self.agent.stopping.is_set():
+                pass
+            with contextlib.suppress(Exception):
+                self.finish_deletion(exit_code=None)
         finally:
             self.done.set()
 
@@ -550,10 +556,24 @@ class PodRunner:
         if fs_group is not None:
             _apply_fs_group(path, int(fs_group), read_only=True)
 
+    def _referenced(self, plural: str, name: str) -> Obj | None:
+        """A Secret or ConfigMap the pod uses. The Node authorizer learns that this node may read
+        it from the pod's binding, asynchronously: until then it answers 403 "no relationship
+        found", and the kubelet's volume manager tries again; so does this."""
+        give_up = time.monotonic() + 30
+        while True:
+            try:
+                return self.node.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{plural}/{name}")
+            except ApiError as error:
+                if error.status != 403 or "no relationship found" not in error.message or time.monotonic() > give_up:
+                    raise
+                if self.deleting.wait(0.2):
+                    raise
+
     def _object_files(self, source: Obj, secret: bool) -> list[tuple[str, bytes, int]]:
         name = source["secretName"] if secret else source["name"]
         plural = "secrets" if secret else "configmaps"
-        obj = self.node.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{plural}/{name}")
+        obj = self._referenced(plural, name)
         if obj is None:
             if source.get("optional"):
                 return []
@@ -627,7 +647,7 @@ class PodRunner:
             prefix = source.get("prefix", "")
             ref = source.get("configMapRef") or source.get("secretRef") or {}
             plural = "secrets" if "secretRef" in source else "configmaps"
-            obj = self.node.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{plural}/{ref['name']}")
+            obj = self._referenced(plural, ref["name"])
             if obj is None:
                 if ref.get("optional"):
                     continue
@@ -651,7 +671,7 @@ class PodRunner:
         ref = source.get("secretKeyRef") or source.get("configMapKeyRef")
         secret = "secretKeyRef" in source
         plural = "secrets" if secret else "configmaps"
-        obj = self.node.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{plural}/{ref['name']}")
+        obj = self._referenced(plural, ref["name"])
         data = (obj or {}).get("data") or {}
         if ref["key"] not in data:
             if ref.get("optional"):

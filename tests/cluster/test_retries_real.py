@@ -1,4 +1,5 @@
-"""A retry after the task process was SIGKILLed, on the real control plane: the second try
+"""A retry after the task process was SIGKILLed, on the real control plane, for each backend
+(plain pods, MPIJob under the real mpi-operator, Volcano Job under real Volcano): the second try
 reattaches to the job the first left and its log goes on exactly where the first stopped."""
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from types import SimpleNamespace
 sys.path.insert(0, sys.argv[4])
 from airflow_mpi.operators.mpi import MPIJobOperator
 from tests.k8s.test_retries import FileStore
-operator = MPIJobOperator(task_id="train", job=json.loads(sys.argv[1]), mpi_conn_id="mpi_k8s")
+operator = MPIJobOperator(task_id="train", job=json.loads(sys.argv[1]), mpi_conn_id=sys.argv[5])
 ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=sys.argv[2], map_index=-1, try_number=1)
 operator.execute({"ti": ti, "task_state_store": FileStore(sys.argv[3])})
 """
@@ -52,10 +53,31 @@ def steps(lines: list[str]) -> list[str]:
     return [line.split("<stdout>:step ", 1)[1][:3] for line in lines if "<stdout>:step " in line]
 
 
+# The backend and the controller its top object needs (None: core objects only).
+BACKENDS = {"kubernetes": None, "mpijob": "mpi-operator", "volcano": "volcano"}
+TOP_OBJECTS = {"mpijob": "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs",
+               "volcano": "/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs"}  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
 def test_a_retry_after_sigkill_reattaches_and_goes_on_where_the_log_stopped(
-    cluster: Cluster, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    cluster: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    backend: str,
 ) -> None:
-    install_connections(monkeypatch, cluster.kubeconfig, namespace)
+    if BACKENDS[backend]:
+        cluster.controller(BACKENDS[backend])
+    conn_id = f"mpi_{backend}"
+    install_connections(monkeypatch, cluster.kubeconfig, namespace, conn_id, backend=backend)
+    api = cluster.api()
+
+    def top_objects() -> list[str]:
+        path = TOP_OBJECTS.get(backend)
+        return [o["metadata"]["name"] for o in api.get(path.format(ns=namespace))["items"]] if path else []
+
     run_id, store = f"crash-{time.monotonic_ns()}", tmp_path / "store.json"
 
     def progress() -> int:
@@ -65,7 +87,7 @@ def test_a_retry_after_sigkill_reattaches_and_goes_on_where_the_log_stopped(
     first_out = tmp_path / "first-try.log"
     with first_out.open("wb") as out:
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, json.dumps(SPEC), run_id, str(store), str(REPO)],
+            [sys.executable, "-c", CHILD, json.dumps(SPEC), run_id, str(store), str(REPO), conn_id],
             env=os.environ.copy(), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + 180
@@ -76,9 +98,11 @@ def test_a_retry_after_sigkill_reattaches_and_goes_on_where_the_log_stopped(
     child.wait()
     first_steps = steps(first_out.read_text(errors="replace").splitlines())
     assert len(first_steps) >= 10, first_steps
-    assert job_objects(cluster.api(), namespace), "the job lives on without its operator"
+    assert job_objects(api, namespace), "the job lives on without its operator"
+    left_by_first = top_objects()
+    assert len(left_by_first) == (1 if backend in TOP_OBJECTS else 0), left_by_first
 
-    operator = MPIJobOperator(task_id="train", job=SPEC, mpi_conn_id="mpi_k8s")
+    operator = MPIJobOperator(task_id="train", job=SPEC, mpi_conn_id=conn_id)
     ti = SimpleNamespace(dag_id="kdag", task_id="train", run_id=run_id, map_index=-1, try_number=2)
     capfd.readouterr()
     result = operator.execute({"ti": ti, "task_state_store": FileStore(str(store))})  # type: ignore[arg-type]
@@ -88,4 +112,4 @@ def test_a_retry_after_sigkill_reattaches_and_goes_on_where_the_log_stopped(
     # and at most the lines the first try showed after it last saved again.
     assert shown == [f"{i:03d}" for i in range(int(shown[0]), LINES)], shown
     assert 0 < int(shown[0]) <= int(first_steps[-1]) + 1, (first_steps, shown[:3])
-    assert job_objects(cluster.api(), namespace) == []
+    assert job_objects(api, namespace) == [] and top_objects() == []
