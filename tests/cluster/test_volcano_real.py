@@ -103,6 +103,7 @@ def test_a_real_job_runs_under_volcano(volcano: Cluster, namespace: str, kind: s
     }, log
     api = volcano.api()
     if kind == "volcano":
+        assert any("(started with them)" in line for line in log), log  # no master made after the workers
         # Volcano made the pods (owned by its Job), not us; its scheduler bound them.
         events = api.get(f"/api/v1/namespaces/{namespace}/events")["items"]
         scheduled = {e["involvedObject"]["name"] for e in events if e["reason"] == "Scheduled"}
