@@ -64,7 +64,7 @@ cluster-build: ## build kube-apiserver, controller-manager, scheduler, etcd and 
 	elif [ "$$CI" = true ]; then echo "cluster-build: Go is required under CI" >&2; exit 1; \
 	else echo "cluster-build: Go not installed: the real-cluster tier will be skipped"; fi
 
-cluster-up: setup cluster-build ## start the real control plane, 3 Nodes and mpi-operator; KUBECONFIG=.cluster/kubeconfig
+cluster-up: setup cluster-build ## start the real control plane, 3 Nodes, mpi-operator, Volcano and Kueue; KUBECONFIG=.cluster/kubeconfig
 	@PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster up
 
 cluster-down: ## stop the cluster `make cluster-up` started and remove what it made
