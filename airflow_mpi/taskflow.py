@@ -12,7 +12,6 @@ on a volume or in object storage, passed as a path or URI.
 from __future__ import annotations
 
 import json
-import math
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ from typing import Any
 from airflow_mpi.contract import CONFIG_FILES_MAX_BYTES, RESULT_MAX_BYTES, RESULT_PREFIX
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.scripts import taskflow_runner_text
+from airflow_mpi.scripts.taskflow_runner import json_problem
 
 RUNNER_FILE = "taskflow_runner.py"
 RUNNER_BOOTSTRAP = (
@@ -86,7 +86,7 @@ def build_taskflow_files(call: FunctionCall) -> dict[str, str]:
     issues = []
     encoded: list[tuple[str, str]] = []
     for label, value in call.labelled_arguments():
-        problem = _json_problem(value)
+        problem = json_problem(value, label)
         if problem:
             issues.append(
                 SpecIssue(
@@ -131,31 +131,6 @@ def build_taskflow_files(call: FunctionCall) -> dict[str, str]:
             ]
         )
     return files
-
-
-def _json_problem(value: Any, path: str = "") -> str | None:
-    """Why JSON cannot carry ``value`` unchanged (naming the part and its type), or None."""
-    if value is None or isinstance(value, bool | int | str):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path or 'the value'} is {value}, which JSON has no number for"
-    if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            problem = _json_problem(item, f"{path}[{index}]")
-            if problem:
-                return problem
-        return None
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path or 'the value'} has the key {key!r} ({type(key).__name__}); JSON keys are strings"
-            problem = _json_problem(item, f"{path}[{key!r}]")
-            if problem:
-                return problem
-        return None
-    kind = type(value)
-    where = f"{path} is" if path else "is"
-    return f"{where} a {kind.__module__}.{kind.__qualname__}".replace("builtins.", "")
 
 
 def _size(text: str) -> int:

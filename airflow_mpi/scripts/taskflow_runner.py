@@ -15,6 +15,7 @@ import __future__
 
 import json
 import linecache
+import math
 import os
 import sys
 import traceback
@@ -48,25 +49,31 @@ def load_function(call: dict[str, Any]) -> Any:
     return namespace[call["function"]]
 
 
-def non_json_part(value: Any, path: str = "return value") -> tuple[str, str] | None:
-    """Where in ``value`` JSON cannot follow: (path, type name), or None."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+def json_problem(value: Any, path: str) -> str | None:
+    """Why JSON cannot carry ``value`` unchanged, naming the part (``path`` and below) and its
+    type; None when it can. The one rule of both ends: the DAG checks a @task.mpi call's
+    arguments with it, rank 0 its return value. Keys must be strings (JSON would turn 1 into
+    "1"), floats finite (JSON has no NaN or Infinity: ``json.dumps`` writes a token other
+    parsers refuse)."""
+    if value is None or isinstance(value, (bool, int, str)):
         return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value}, which JSON has no number for"
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            found = non_json_part(item, f"{path}[{index}]")
-            if found:
-                return found
+            problem = json_problem(item, f"{path}[{index}]")
+            if problem:
+                return problem
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            if not isinstance(key, (str, int, float, bool)) and key is not None:
-                return (f"{path} key {key!r}", type_name(key))
-            found = non_json_part(item, f"{path}[{key!r}]")
-            if found:
-                return found
+            if not isinstance(key, str):
+                return f"{path} has the key {key!r} ({type_name(key)}); JSON keys are strings"
+            problem = json_problem(item, f"{path}[{key!r}]")
+            if problem:
+                return problem
         return None
-    return (path, type_name(value))
+    return f"{path} is a {type_name(value)}, which JSON cannot hold"
 
 
 def type_name(value: Any) -> str:
@@ -76,12 +83,12 @@ def type_name(value: Any) -> str:
 
 def result_line(value: Any, call: dict[str, Any]) -> str:
     """The ``AIRFLOW_MPI_RESULT`` line for rank 0's return value; ValueError says why it cannot be."""
-    found = non_json_part(value)
-    if found:
+    problem = json_problem(value, "return value")
+    if problem:
         raise ValueError(
-            f"the @task.mpi function's {found[0]} is a {found[1]}, which JSON cannot hold; return plain Python "
-            "values (dict, list, str, int, float, bool, None: e.g. float(x), array.tolist()), or write the "
-            "output to a file and return its path"
+            f"the @task.mpi function's {problem}; return plain Python values (dict with string keys, list, "
+            "str, int, finite float, bool, None: e.g. float(x), array.tolist()), or write the output to a file "
+            "and return its path"
         )
     text = json.dumps(value)
     size = len(text.encode("utf-8", "replace"))

@@ -66,9 +66,9 @@ def test_arguments_json_cannot_hold_are_named_with_their_type() -> None:
     with pytest.raises(SpecError) as caught:
         build_taskflow_files(dataclass_replace(call, parameters=["data"]))
     text = str(caught.value)
-    assert "@task.mpi argument data: is a set" in text
-    assert "@task.mpi argument epochs: ['when'] is a pathlib" in text
-    assert "@task.mpi argument n: the value is nan" in text
+    assert "@task.mpi argument data: data is a set, which JSON cannot hold" in text
+    assert "@task.mpi argument epochs: epochs['when'] is a pathlib" in text
+    assert "@task.mpi argument n: n is nan, which JSON has no number for" in text
     assert "pass plain values" in text
 
 
@@ -159,6 +159,12 @@ def test_a_return_value_json_cannot_hold_fails_naming_its_type(tmp_path: Path) -
     done = run_rank(tmp_path, 0, lines, [], name="f")
     assert done.returncode == 1 and contract.RESULT_PREFIX not in done.stdout
     assert "return value['acc'] is a decimal.Decimal, which JSON cannot hold" in done.stderr
+    # The same rule as the arguments' (one function at both ends): no NaN, string keys only.
+    for body, said in (("float('nan')", "return value is nan, which JSON has no number for"),
+                       ("{1: 'a'}", "return value has the key 1 (int); JSON keys are strings")):  # fmt: skip
+        done = run_rank(tmp_path, 0, ["def f():\n", f"    return {body}\n"], [], name="f")
+        assert done.returncode == 1 and said in done.stderr, done.stderr
+        assert contract.RESULT_PREFIX not in done.stdout
     big = ["def f():\n", "    return 'x' * 40000\n"]
     done = run_rank(tmp_path, 0, big, [], name="f")
     assert done.returncode == 1 and "40002 bytes of JSON, over the 32768 bytes" in done.stderr
