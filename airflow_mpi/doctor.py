@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_mpi.backends.k8s_errors import FORBIDDEN, NOT_FOUND, UNAUTHORIZED, api_status, describe
 from airflow_mpi.backends.local import LocalBackend, check_prerequisites
 from airflow_mpi.exceptions import BackendUnavailable
 from airflow_mpi.preflight import (
@@ -117,7 +118,7 @@ def _delete(core: Any, name: str, namespace: str, timeout: float = DELETE_TIMEOU
             core.read_namespaced_pod(name, namespace, _preload_content=False)
             time.sleep(POLL_INTERVAL)
     except Exception as error:
-        if getattr(error, "status", None) == 404:
+        if api_status(error) == NOT_FOUND:
             return  # gone
         print(f"airflow-mpi: could not delete the doctor pod {namespace}/{name}: {error}", file=sys.stderr)
         return
@@ -149,15 +150,14 @@ def _call(verb: str, resource: str, namespace: str, request: Any) -> Any:
     try:
         return request()
     except Exception as error:
-        status = getattr(error, "status", None)
-        if status in (401, 403):
+        status = api_status(error)
+        if status in (UNAUTHORIZED, FORBIDDEN):
             raise BackendUnavailable(
                 f"Kubernetes refused '{verb}' on {resource} in namespace {namespace} ({status}): the doctor needs "
                 "create, get and delete on pods and get on pods/log (the README's Role grants them)"
             ) from error
-        if status == 404 and verb == "create":
+        if status == NOT_FOUND and verb == "create":
             raise BackendUnavailable(f"namespace {namespace} does not exist: create it or pass --namespace") from error
         if status is not None:
-            reason = getattr(error, "reason", "") or ""
-            raise BackendUnavailable(f"Kubernetes answered {status} {reason} to '{verb}' on {resource}") from error
+            raise BackendUnavailable(f"Kubernetes answered {describe(error)} to '{verb}' on {resource}") from error
         raise

@@ -83,12 +83,6 @@ class VolcanoBackend(KubernetesBackend):
                 return None
         return describe_volcano_wait(self.custom.get(job.namespace, VOLCANO_JOB, job_name))
 
-    def volcano_phase(self, job_name: str) -> str:
-        """The Volcano Job's phase (``Pending``, ``Running``, ``Completed``, ``Terminated``...)."""
-        job = self._job(job_name)
-        found = self.custom.get(job.namespace, VOLCANO_JOB, job_name)
-        return str(((found or {}).get("status") or {}).get("state", {}).get("phase", "")) if found else ""
-
     def teardown(self, job_name: str, namespace: str | None = None) -> None:
         """Delete the Volcano Job (its pods, Service, PodGroup, our Secret and ConfigMap go with
         it) and wait until its pods are gone."""
