@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -35,11 +36,13 @@ from airflow_mpi.ssh import KeyPair, SshMaterial
 from airflow_mpi.status import PodTable
 from airflow_mpi.topology import build_topology
 
+REPO = Path(__file__).resolve().parents[1]  # tests.doubles is imported from the checkout
+
 
 class Double:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_mpi.testing.kube_double"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", "tests.doubles.kube_double"], stdout=subprocess.PIPE, text=True, cwd=REPO
         )
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()

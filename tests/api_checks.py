@@ -17,10 +17,10 @@ PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets", "ConfigMap
 SCHEMA_VERSION = "1.33.0"
 
 # ---- THE PLUG-IN POINT for the strict API double's validation ------------------------------------
-# airflow_mpi.testing.apivalidation (the apiserver's validation rules as a pure module) comes from
+# tests.doubles.apivalidation (the apiserver's validation rules as a pure module) comes from
 # another branch. Once it is on main, ``validate_object(plural, obj)`` runs here for every object the
 # tests render, and nothing else needs to change; until then no rule is applied (None below).
-APIVALIDATION_MODULE = "airflow_mpi.testing.apivalidation"
+APIVALIDATION_MODULE = "tests.doubles.apivalidation"
 _apivalidation: Any = (
     importlib.import_module(APIVALIDATION_MODULE) if importlib.util.find_spec(APIVALIDATION_MODULE) else None
 )

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.testing.crd_schema import CRDS_ENV, crd_dir, crd_errors
+from tests.doubles.crd_schema import CRDS_ENV, crd_dir, crd_errors
 
 
 def assert_valid_custom_object(obj: dict[str, Any]) -> None:

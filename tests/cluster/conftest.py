@@ -79,6 +79,37 @@ def job_objects(api: KubeApi, namespace: str) -> list[str]:
     return found
 
 
+CORE_LEFT = tuple(f"/api/v1/namespaces/{{ns}}/{plural}" for plural in JOB_KINDS)
+# A rank that trains until it is stopped, saying so first (when to evict or time out).
+TRAINS_FOREVER = "import time\nprint('training', flush=True)\ntime.sleep(600)\n"
+
+
+def objects_left(api: KubeApi, namespace: str, paths: tuple[str, ...]) -> list[str]:
+    """Whatever is still in ``namespace`` under each ``paths`` (``{ns}`` filled in), but the
+    root CA ConfigMap every namespace gets."""
+    return [
+        f"{path.rsplit('/', 1)[-1]}/{obj['metadata']['name']}"
+        for path in paths
+        for obj in api.get(path.format(ns=namespace))["items"]
+        if obj["metadata"]["name"] != "kube-root-ca.crt"
+    ]
+
+
+def run_evicting_a_worker(cluster: Any, namespace: str, backend: Any, plan: Any) -> tuple[Any, str]:
+    """Run the job (its command: ``TRAINS_FOREVER``) and have the node evict worker 1 once it
+    trains; the job's failure and the evicted pod's name."""
+    from airflow_mpi.exceptions import JobFailed
+    from airflow_mpi.runner import JobRunner
+
+    log = Log()
+    victim = f"{plan.job_name}-worker-1"
+    thread = when_logged(log, "training", lambda: cluster.evict(namespace, victim))
+    with pytest.raises(JobFailed) as caught:
+        JobRunner(backend, plan, log).run()
+    thread.join()
+    return caught.value, victim
+
+
 def api_client(kubeconfig: Path) -> Any:
     """A kubernetes client configured as the backend configures its own."""
     from kubernetes import client, config

@@ -45,6 +45,7 @@ from typing import Any
 
 from airflow_mpi.backends.sandbox import Mount, Sandbox
 from tests.cluster.kubeapi import ApiError, KubeApi, Obj
+from tests.doubles.real_kubelet import tmpfs_size
 
 LEASE_SECONDS = 40
 RENEW_SECONDS = 10
@@ -507,7 +508,7 @@ class PodRunner:
                 if empty.get("medium") == "Memory":
                     owner = (0, int(fs_group)) if fs_group is not None else None
                     mode = "2777" if fs_group is not None else "0777"
-                    mounts.append(Mount(target, tmpfs_size=_tmpfs_size(empty.get("sizeLimit", "64Mi")),
+                    mounts.append(Mount(target, tmpfs_size=tmpfs_size(empty.get("sizeLimit", "64Mi")),
                                         tmpfs_mode=mode, tmpfs_owner=owner))  # fmt: skip
                     continue
                 path.mkdir(parents=True, exist_ok=True)
@@ -1163,14 +1164,6 @@ def _expand(value: str, env: dict[str, str]) -> str:
             out.append(value[i])
             i += 1
     return "".join(out)
-
-
-def _tmpfs_size(quantity: str) -> str:
-    units = {"Ki": "k", "Mi": "m", "Gi": "g", "Ti": "t", "K": "k", "M": "m", "G": "g"}
-    for suffix, unit in units.items():
-        if quantity.endswith(suffix):
-            return quantity[: -len(suffix)] + unit
-    return quantity
 
 
 def main(argv: list[str]) -> int:

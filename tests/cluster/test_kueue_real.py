@@ -23,7 +23,7 @@ from airflow_mpi.plan import render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import Log, api_client, when_logged
+from tests.cluster.conftest import CORE_LEFT, Log, api_client, objects_left, when_logged
 from tests.cluster.kubeapi import KubeApi, Obj
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -31,9 +31,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 QUEUE = "training"
 WORKERS = 2  # + the master: 3 pods of 1 CPU each
-LEFT = ("/api/v1/namespaces/{ns}/pods", "/api/v1/namespaces/{ns}/services", "/api/v1/namespaces/{ns}/secrets",
-        "/api/v1/namespaces/{ns}/configmaps", "/apis/batch/v1/namespaces/{ns}/jobs",
-        "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs", KUEUE + "/namespaces/{ns}/workloads")  # fmt: skip
+LEFT = (*CORE_LEFT, "/apis/batch/v1/namespaces/{ns}/jobs", "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs",
+        KUEUE + "/namespaces/{ns}/workloads")  # fmt: skip
 PROGRAM = (
     "from mpi4py import MPI; import json; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
     "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size}))"
@@ -101,12 +100,7 @@ def condition(obj: Obj | None, kind: str) -> str | None:
 
 
 def left(api: KubeApi, namespace: str) -> list[str]:
-    found = []
-    for path in LEFT:
-        for obj in api.get(path.format(ns=namespace))["items"]:
-            if obj["metadata"]["name"] != "kube-root-ca.crt":
-                found.append(f"{path.rsplit('/', 1)[-1]}/{obj['metadata']['name']}")
-    return found
+    return objects_left(api, namespace, LEFT)
 
 
 def workloads(api: KubeApi, namespace: str) -> list[Obj]:

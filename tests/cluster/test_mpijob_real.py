@@ -17,13 +17,11 @@ from airflow_mpi.naming import RunIdentity
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import Log, api_client, when_logged
+from tests.cluster.conftest import CORE_LEFT, TRAINS_FOREVER, Log, api_client, objects_left, run_evicting_a_worker
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
-LEFT = ("/api/v1/namespaces/{ns}/pods", "/api/v1/namespaces/{ns}/services", "/api/v1/namespaces/{ns}/secrets",
-        "/api/v1/namespaces/{ns}/configmaps", "/apis/batch/v1/namespaces/{ns}/jobs",
-        "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs")  # fmt: skip
+LEFT = (*CORE_LEFT, "/apis/batch/v1/namespaces/{ns}/jobs", "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs")
 PROGRAM = (
     "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
     "hosts = c.gather(socket.gethostname())\n"
@@ -38,13 +36,7 @@ def operator(cluster: Cluster) -> Cluster:
 
 
 def left(cluster: Cluster, namespace: str) -> list[str]:
-    api = cluster.api()
-    found = []
-    for path in LEFT:
-        for obj in api.get(path.format(ns=namespace))["items"]:
-            if obj["metadata"]["name"] != "kube-root-ca.crt":
-                found.append(f"{path.rsplit('/', 1)[-1]}/{obj['metadata']['name']}")
-    return found
+    return objects_left(cluster.api(), namespace, LEFT)
 
 
 def make(cluster: Cluster, namespace: str, **fields: Any) -> tuple[MPIJobBackend, Any]:
@@ -91,15 +83,9 @@ def test_a_failing_rank_is_named(operator: Cluster, namespace: str) -> None:
 
 
 def test_an_evicted_worker_ends_the_job(operator: Cluster, namespace: str) -> None:
-    program = "import time\nprint('training', flush=True)\ntime.sleep(600)\n"
-    backend, plan = make(operator, namespace, command=[sys.executable, "-c", program])
-    log = Log()
-    victim = f"{plan.job_name}-worker-1"
-    thread = when_logged(log, "training", lambda: operator.evict(namespace, victim))
-    with pytest.raises(JobFailed) as caught:
-        JobRunner(backend, plan, log).run()
-    thread.join()
-    assert caught.value.pod == victim and "Evicted" in str(caught.value), caught.value
+    backend, plan = make(operator, namespace, command=[sys.executable, "-c", TRAINS_FOREVER])
+    failure, victim = run_evicting_a_worker(operator, namespace, backend, plan)
+    assert failure.pod == victim and "Evicted" in str(failure), failure
     assert left(operator, namespace) == []
 
 

@@ -21,7 +21,7 @@ from airflow_mpi.plan import JobPlan
 from airflow_mpi.runner import JobRunner, plan_for
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import Log, api_client, when_logged
+from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, objects_left, run_evicting_a_worker, when_logged
 from tests.cluster.volcano import create_queue
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -62,12 +62,7 @@ def queue(volcano: Cluster) -> Any:
 
 
 def volcano_left(cluster: Cluster, namespace: str) -> list[str]:
-    api = cluster.api()
-    return [
-        f"{path.rsplit('/', 1)[-1]}/{obj['metadata']['name']}"
-        for path in VOLCANO_PLURALS
-        for obj in api.get(path.format(ns=namespace))["items"]
-    ]
+    return objects_left(cluster.api(), namespace, VOLCANO_PLURALS)
 
 
 def make(cluster: Cluster, namespace: str, kind: str, scheduling: dict[str, Any] | None = None,
@@ -125,15 +120,9 @@ def test_a_failing_rank_is_named(volcano: Cluster, namespace: str, kind: str) ->
 
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_an_evicted_worker_ends_the_job(volcano: Cluster, namespace: str, kind: str) -> None:
-    program = "import time\nprint('training', flush=True)\ntime.sleep(600)\n"
-    backend, plan = make(volcano, namespace, kind, command=[sys.executable, "-c", program])
-    log = Log()
-    victim = f"{plan.job_name}-worker-1"
-    thread = when_logged(log, "training", lambda: volcano.evict(namespace, victim))
-    with pytest.raises(JobFailed) as caught:
-        JobRunner(backend, plan, log).run()
-    thread.join()
-    assert caught.value.pod == victim and "Evicted" in str(caught.value), caught.value
+    backend, plan = make(volcano, namespace, kind, command=[sys.executable, "-c", TRAINS_FOREVER])
+    failure, victim = run_evicting_a_worker(volcano, namespace, backend, plan)
+    assert failure.pod == victim and "Evicted" in str(failure), failure
     assert volcano_left(volcano, namespace) == []
 
 

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend, configure_client
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
 
 JOB_KINDS = ("pods", "services", "secrets", "configmaps")
 STATE_ROOT = Path("/run/airflow-mpi-tests")
@@ -95,7 +95,7 @@ def connections(double: KubeDouble, monkeypatch: pytest.MonkeyPatch) -> None:
 def real_double(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeDouble]:
     """The double with a kubelet that runs pods for real (sandboxes: real sshd, mpiexec)."""
     from airflow_mpi.backends.local import check_prerequisites
-    from airflow_mpi.testing.real_kubelet import RealKubelet
+    from tests.doubles.real_kubelet import RealKubelet
     from tests.leaks import ours
 
     if check_prerequisites():

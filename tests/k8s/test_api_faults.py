@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import BackendRequestFailed, BackendUnreachable, LaunchError
 from airflow_mpi.operators.mpi import MPIJobOperator
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.faults import FaultRow
 from tests.k8s.conftest import Scripts, first_trigger_event, install_connections, job_objects, unique
 

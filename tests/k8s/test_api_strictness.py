@@ -21,8 +21,8 @@ from airflow_mpi.manifests import render_manifests
 from airflow_mpi.naming import LABEL_MAP_INDEX, RunIdentity
 from airflow_mpi.plan import render_plan
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.testing.apivalidation import KINDS, validate_object
-from airflow_mpi.testing.kube_double import KubeDouble, ScriptedKubelet
+from tests.doubles.apivalidation import KINDS, validate_object
+from tests.doubles.kube_double import KubeDouble, ScriptedKubelet
 from tests.helpers import plan_for, spec_from
 from tests.k8s.conftest import api_client_for, job_objects, unique
 

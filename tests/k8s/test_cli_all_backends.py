@@ -30,9 +30,9 @@ from airflow_mpi.plan import JobPlan
 from airflow_mpi.runner import plan_for
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.status import pod_state_from_k8s
-from airflow_mpi.testing.gang_controllers import GangControllers
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
-from airflow_mpi.testing.mpijob_controller import MPIJobController
+from tests.doubles.gang_controllers import GangControllers
+from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.mpijob_controller import MPIJobController
 from tests.k8s.conftest import Scripts, api_client_for, install_connections
 from tests.k8s.test_gang import _crd_validator
 

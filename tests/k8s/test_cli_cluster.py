@@ -20,7 +20,7 @@ from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.cli import main
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, install_connections, job_objects
 from tests.k8s.test_kubernetes_backend import make_plan
 

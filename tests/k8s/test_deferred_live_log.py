@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects
 
 DAG_ID = "mpi_live_log"

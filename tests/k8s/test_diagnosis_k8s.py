@@ -12,8 +12,8 @@ from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.diagnosis import Cause
 from airflow_mpi.exceptions import JobFailed
 from airflow_mpi.runner import JobRunner
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from tests.airflow_helpers import task_states
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.faults import FaultRow
 from tests.k8s.conftest import Scripts, job_objects
 from tests.k8s.test_kubernetes_backend import Log, make_plan

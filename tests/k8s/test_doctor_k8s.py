@@ -11,8 +11,8 @@ import pytest
 from airflow_mpi import doctor
 from airflow_mpi.cli import main
 from airflow_mpi.preflight import CHECKS
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from tests.api_checks import object_problems
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.faults import FaultRow
 from tests.k8s.conftest import Scripts
 

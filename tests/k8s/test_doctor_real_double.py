@@ -11,7 +11,7 @@ import pytest
 
 from airflow_mpi import doctor
 from airflow_mpi.preflight import CHECKS, DOCTOR_RUNTIME_DIR
-from airflow_mpi.testing.kube_double import KubeDouble
+from tests.doubles.kube_double import KubeDouble
 from tests.k8s.test_doctor_k8s import doctor_pods, run_doctor
 
 

@@ -23,9 +23,9 @@ from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.runner import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.testing.crd_schema import crd_dir, crd_errors, known_kinds
-from airflow_mpi.testing.gang_controllers import GangControllers
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.crd_schema import crd_dir, crd_errors, known_kinds
+from tests.doubles.gang_controllers import GangControllers
+from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from tests.k8s.conftest import Scripts, api_client_for, job_objects, unique
 
 COSCHEDULING = pytest.param({"gang": "coscheduling"}, id="coscheduling")

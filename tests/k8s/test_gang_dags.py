@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.testing.gang_controllers import GangControllers
-from airflow_mpi.testing.kube_double import KubeDouble, ScriptedKubelet
 from tests.airflow_helpers import task_states, xcom
+from tests.doubles.gang_controllers import GangControllers
+from tests.doubles.kube_double import KubeDouble, ScriptedKubelet
 from tests.k8s.conftest import Scripts, install_connections
 from tests.k8s.test_gang import CUSTOM_PLURALS, _crd_validator
 

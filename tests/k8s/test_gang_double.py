@@ -13,10 +13,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from airflow_mpi.testing.crd_schema import crd_dir
-from airflow_mpi.testing.gang_controllers import GangControllers
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from airflow_mpi.volcano import render_volcano_manifests
+from tests.doubles.crd_schema import crd_dir
+from tests.doubles.gang_controllers import GangControllers
+from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from tests.helpers import plan_for, spec_from
 from tests.k8s.conftest import Scripts, api_client_for
 from tests.k8s.test_gang import _crd_validator

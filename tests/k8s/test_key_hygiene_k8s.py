@@ -14,8 +14,8 @@ import pytest
 
 from airflow_mpi.contract import SSH_HOST_KEY, host_key_file
 from airflow_mpi.exceptions import JobFailed
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from tests.airflow_helpers import task_states, xcom
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects
 from tests.keyscan import exception_texts, execute, log_texts, recording_keys, render_outputs
 

@@ -17,7 +17,7 @@ from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
 from airflow_mpi.runner import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects, unique
 
 

@@ -18,7 +18,7 @@ from airflow_mpi.manifests import render_manifests
 from airflow_mpi.naming import LABEL_MAP_INDEX, RunIdentity
 from airflow_mpi.plan import render_plan
 from airflow_mpi.spec import MPIJobSpec, max_name_length
-from airflow_mpi.testing.apivalidation import KINDS, decode_error, validate_object
+from tests.doubles.apivalidation import KINDS, decode_error, validate_object
 from tests.helpers import fixed_ssh
 
 PLURAL = {kind: plural for plural, kind in KINDS.items()}

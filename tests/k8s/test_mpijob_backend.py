@@ -20,9 +20,9 @@ from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.runner import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
-from airflow_mpi.testing.mpijob_controller import MPIJobController
 from tests.airflow_helpers import task_states, xcom
+from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.mpijob_controller import MPIJobController
 from tests.k8s.conftest import Scripts, api_client_for, install_connections, unique
 from tests.k8s.test_gang import _crd_validator
 

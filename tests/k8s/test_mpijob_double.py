@@ -17,9 +17,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from airflow_mpi.testing.crd_schema import crd_dir, crd_errors
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript, ScriptedKubelet
-from airflow_mpi.testing.mpijob_controller import MPIJobController
+from tests.doubles.crd_schema import crd_dir, crd_errors
+from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.mpijob_controller import MPIJobController
 from tests.k8s.conftest import Scripts, api_client_for
 from tests.k8s.test_gang import _crd_validator
 
@@ -677,7 +677,7 @@ def test_batch_jobs_are_served_listed_watched_and_deleting_one_collects_its_pod(
 def test_a_gang_that_does_not_fit_keeps_every_pod_pending_and_the_mpijob_only_created(scripts: Scripts) -> None:
     """Gang-scheduled by Volcano on a cluster without room: no pod starts, so the MPIJob has only
     ``Created``: what a waiting task sees."""
-    from airflow_mpi.testing.gang_controllers import GangControllers
+    from tests.doubles.gang_controllers import GangControllers
 
     kube = KubeDouble(ScriptedKubelet(scripts))
     gangs = GangControllers(kube, gpus_per_node=[2])
@@ -706,7 +706,7 @@ def test_a_gang_that_does_not_fit_keeps_every_pod_pending_and_the_mpijob_only_cr
 
 
 def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: Scripts) -> None:
-    from airflow_mpi.testing.kueue_mpijobs import KueueMPIJobs
+    from tests.doubles.kueue_mpijobs import KueueMPIJobs
 
     scripts.on("-launcher-", PodScript())
     kube = KubeDouble(ScriptedKubelet(scripts))

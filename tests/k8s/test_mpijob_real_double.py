@@ -12,8 +12,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from airflow_mpi.testing.kube_double import KubeDouble
-from airflow_mpi.testing.mpijob_controller import MPIJobController
+from tests.doubles.kube_double import KubeDouble
+from tests.doubles.mpijob_controller import MPIJobController
 from tests.k8s.conftest import STATE_ROOT, api_client_for
 from tests.k8s.test_mpijob_double import container, until
 

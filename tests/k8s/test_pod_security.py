@@ -19,8 +19,8 @@ from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import LaunchError
 from airflow_mpi.manifests import render_manifests
 from airflow_mpi.operators.mpi import MPIJobOperator
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
-from airflow_mpi.testing.podsecurity import check_pod
+from tests.doubles.kube_double import KubeDouble, PodScript
+from tests.doubles.podsecurity import check_pod
 from tests.faults import FaultRow
 from tests.k8s.conftest import JOB_KINDS, Scripts, api_client_for, unique
 from tests.k8s.test_kubernetes_backend import Log, make_plan, run

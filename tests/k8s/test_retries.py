@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_mpi.operators.mpi import MPIJobOperator
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects, unique
 
 pytestmark = pytest.mark.usefixtures("connections")

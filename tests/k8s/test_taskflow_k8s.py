@@ -12,9 +12,9 @@ import pytest
 
 from airflow_mpi.naming import LABEL_MAP_INDEX, LABEL_TASK_ID
 from airflow_mpi.taskflow import CALL_FILE, RUNNER_FILE
-from airflow_mpi.testing.apivalidation import validate_object
-from airflow_mpi.testing.kube_double import KubeDouble
 from tests.airflow_helpers import task_states, xcom
+from tests.doubles.apivalidation import validate_object
+from tests.doubles.kube_double import KubeDouble
 from tests.k8s.conftest import install_connections, job_objects
 from tests.k8s.test_mapped_tasks import PLURAL, task_instances
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from airflow_mpi.status import PodTable
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from airflow_mpi.triggers.mpi import MPIJobTrigger
 from tests.airflow_helpers import task_states
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects
 from tests.k8s.test_kubernetes_backend import make_plan
 

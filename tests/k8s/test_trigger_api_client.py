@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.testing.kube_double import KubeDouble
 from airflow_mpi.triggers.api_client import _SHARED, load_configuration, shared_api_client
+from tests.doubles.kube_double import KubeDouble
 
 
 @pytest.mark.usefixtures("connections")

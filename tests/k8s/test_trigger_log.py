@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.testing.kube_double import KubeDouble, PodScript
 from tests.airflow_helpers import task_states, xcom
+from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects
 
 LINES = 30

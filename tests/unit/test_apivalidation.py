@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_mpi.manifests import render_manifests
-from airflow_mpi.testing.apiformats import (
+from tests.doubles.apiformats import (
     QuantityError,
     base64_error,
     is_dns1123_label,
@@ -20,7 +20,7 @@ from airflow_mpi.testing.apiformats import (
     is_valid_port_name,
     parse_quantity,
 )
-from airflow_mpi.testing.apivalidation import (
+from tests.doubles.apivalidation import (
     DUPLICATE,
     FORBIDDEN,
     INVALID,

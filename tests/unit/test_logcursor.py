@@ -16,7 +16,7 @@ from airflow_mpi.logcursor import (
     split_timestamped,
 )
 from airflow_mpi.podlog import RankLineSplitter
-from airflow_mpi.testing.kube_double import rfc3339_nano
+from tests.doubles.kube_double import rfc3339_nano
 
 SECOND = 1_000_000_000
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.testing import mpijob_objects as mo
-from airflow_mpi.testing.batch_jobs import default_job
-from airflow_mpi.testing.crd_schema import apply_crd_defaults, crd_dir
+from tests.doubles import mpijob_objects as mo
+from tests.doubles.batch_jobs import default_job
+from tests.doubles.crd_schema import apply_crd_defaults, crd_dir
 
 
 def job(workers: int | None = 2, **spec: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from airflow_mpi.naming import (
     safe_label_value,
 )
 from airflow_mpi.spec import Role
-from airflow_mpi.testing.apivalidation import validate_labels
+from tests.doubles.apivalidation import validate_labels
 
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 

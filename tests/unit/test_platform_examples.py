@@ -27,9 +27,9 @@ from airflow_mpi import contract
 from airflow_mpi.cli import load_spec
 from airflow_mpi.manifests import render_manifests
 from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.testing.apivalidation import KINDS, decode_error, validate_object
 from airflow_mpi.volcano import render_volcano_manifests
 from tests.crds import assert_valid_custom_object
+from tests.doubles.apivalidation import KINDS, decode_error, validate_object
 from tests.helpers import IDENTITY, fixed_ssh
 from tests.unit.test_launch_script import dry_run, exact_argv
 

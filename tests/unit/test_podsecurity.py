@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.testing import podsecurity
-from airflow_mpi.testing.podsecurity import admission_denial, check_pod, enforced_level
+from tests.doubles import podsecurity
+from tests.doubles.podsecurity import admission_denial, check_pod, enforced_level
 
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 

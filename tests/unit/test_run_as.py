@@ -12,7 +12,7 @@ import pytest
 from airflow_mpi.exceptions import SpecError
 from airflow_mpi.manifests import render_manifests
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.testing.podsecurity import check_pod
+from tests.doubles.podsecurity import check_pod
 from tests.helpers import plan_for, spec_from
 
 NON_ROOT: dict[str, Any] = {"ssh_port": 2222, "pod": {"run_as_user": 1000}}

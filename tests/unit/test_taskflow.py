@@ -28,7 +28,7 @@ from airflow_mpi.taskflow import (
     function_source,
     runner_command,
 )
-from airflow_mpi.testing.apivalidation import validate_object
+from tests.doubles.apivalidation import validate_object
 
 DAG_LINES = [
     "    @task.mpi(\n",

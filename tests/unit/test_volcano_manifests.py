@@ -12,7 +12,6 @@ import pytest
 from airflow_mpi import contract
 from airflow_mpi.exceptions import SpecError
 from airflow_mpi.naming import LABEL_INDEX, LABEL_JOB
-from airflow_mpi.testing.crd_schema import crd_dir, crd_errors
 from airflow_mpi.volcano import (
     render_volcano_manifests,
     share_worker_host_key,
@@ -20,6 +19,7 @@ from airflow_mpi.volcano import (
     volcano_secret_name,
 )
 from tests.crds import assert_valid_custom_object
+from tests.doubles.crd_schema import crd_dir, crd_errors
 from tests.helpers import plan_for, spec_from
 
 GPU = {"cpu": 8, "memory": "64Gi", "gpus": 8}

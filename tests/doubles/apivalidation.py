@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_mpi.testing.apiformats import (
+from tests.doubles.apiformats import (
     Quantity,
     QuantityError,
     base64_decoded_size,

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from airflow_mpi.backends.sandbox import Mount, Sandbox
-from airflow_mpi.testing.kube_double import (
+from tests.doubles.kube_double import (
     KubeDouble,
     Obj,
     _set_running,
@@ -136,7 +136,7 @@ class RealKubelet:
             elif "emptyDir" in volume:
                 empty = volume["emptyDir"] or {}
                 if empty.get("medium") == "Memory":
-                    mounts.append(Mount(target, tmpfs_size=_tmpfs_size(empty.get("sizeLimit", "64Mi"))))
+                    mounts.append(Mount(target, tmpfs_size=tmpfs_size(empty.get("sizeLimit", "64Mi"))))
                 else:
                     path = root / volume["name"]
                     path.mkdir(parents=True, exist_ok=True)
@@ -193,7 +193,7 @@ class RealKubelet:
         return sandbox.leftovers() if sandbox is not None else []
 
 
-def _tmpfs_size(quantity: str) -> str:
+def tmpfs_size(quantity: str) -> str:
     """A Kubernetes quantity (``16Mi``) as a tmpfs size (``16m``)."""
     units = {"Ki": "k", "Mi": "m", "Gi": "g", "Ti": "t", "K": "k", "M": "m", "G": "g"}
     for suffix, unit in units.items():

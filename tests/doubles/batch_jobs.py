@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any
 
-from airflow_mpi.testing.kube_double import ApiError, KubeDouble, LogBuffer, rfc3339
+from tests.doubles.kube_double import ApiError, KubeDouble, LogBuffer, rfc3339
 
 Obj = dict[str, Any]
 BATCH_JOBS = ("batch", "v1", "jobs", "Job")

@@ -16,9 +16,9 @@ import threading
 import time
 from typing import Any
 
-from airflow_mpi.testing import mpijob_objects as mo
-from airflow_mpi.testing.kube_double import ApiError, KubeDouble, rfc3339
-from airflow_mpi.testing.mpijob_controller import MPIJobController
+from tests.doubles import mpijob_objects as mo
+from tests.doubles.kube_double import ApiError, KubeDouble, rfc3339
+from tests.doubles.mpijob_controller import MPIJobController
 
 Obj = dict[str, Any]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from airflow_mpi.testing.kube_double import ApiError, KubeDouble, rfc3339
+from tests.doubles.kube_double import ApiError, KubeDouble, rfc3339
 
 Obj = dict[str, Any]
 

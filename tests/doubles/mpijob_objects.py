@@ -15,7 +15,7 @@ import copy
 import time
 from typing import Any
 
-from airflow_mpi.testing.apiformats import is_dns1035_label
+from tests.doubles.apiformats import is_dns1035_label
 
 Obj = dict[str, Any]
 

@@ -23,11 +23,11 @@ pods on create (``pod_webhooks``), default custom objects (``custom_defaulters``
 keep a deleted object until they are removed.
 
 Its kubelet side is pluggable: ``ScriptedKubelet`` plays scripted pods (fault tests, benchmarks);
-``airflow_mpi.testing.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
+``tests.doubles.real_kubelet.RealKubelet`` runs each pod's command for real in a sandbox.
 
 Admission: a namespace labelled ``pod-security.kubernetes.io/enforce`` (``label_namespace``)
 refuses pods its Pod Security Standards level forbids, with the real 403 and message
-(``airflow_mpi.testing.podsecurity``).
+(``tests.doubles.podsecurity``).
 
 Fault knobs: ``fail_requests`` (e.g. 500 on the N-th create), ``drop_log_streams`` (cut a log
 stream after K lines), ``expire_watches`` (410), ``clock_offset`` (the node's clock against
@@ -60,8 +60,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
-from airflow_mpi.testing import podsecurity
-from airflow_mpi.testing.apivalidation import (
+from tests.doubles import podsecurity
+from tests.doubles.apivalidation import (
     KINDS,
     decode_error,
     decode_failure_message,
@@ -1400,7 +1400,7 @@ class KnobScript:
 
 
 def main() -> None:
-    """``python -m airflow_mpi.testing.kube_double``: serve a knob-driven double, print its URL."""
+    """``python -m tests.doubles.kube_double``: serve a knob-driven double, print its URL."""
     double = KubeDouble(ScriptedKubelet(KnobScript()))
     print(double.start(), flush=True)
     try:

@@ -25,11 +25,11 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from airflow_mpi.testing import mpijob_objects as mo
-from airflow_mpi.testing.apivalidation import validate_object
-from airflow_mpi.testing.batch_jobs import BatchJobs, record_event
-from airflow_mpi.testing.crd_schema import apply_crd_defaults
-from airflow_mpi.testing.kube_double import ApiError, KubeDouble, _set_evicted, _set_terminated
+from tests.doubles import mpijob_objects as mo
+from tests.doubles.apivalidation import validate_object
+from tests.doubles.batch_jobs import BatchJobs, record_event
+from tests.doubles.crd_schema import apply_crd_defaults
+from tests.doubles.kube_double import ApiError, KubeDouble, _set_evicted, _set_terminated
 
 Obj = dict[str, Any]
 MPIJOBS = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")

@@ -1,1 +1,0 @@
-"""testing of airflow-mpi."""

@@ -1,0 +1,81 @@
+"""The wheel users install holds the runtime package only: no test doubles, no tests, no bench,
+and no module importing what the runtime dependencies (and theirs) do not provide."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("airflow_mpi-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def runtime_distributions() -> set[str]:
+    """The project's runtime requirements and everything they require in turn, as installed."""
+    wanted = [Requirement(r) for r in importlib.metadata.requires("airflow-mpi") or []]
+    found: set[str] = set()
+    while wanted:
+        requirement = wanted.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue  # an extra's requirement (the test tools) or another platform's
+        name = requirement.name.lower().replace("_", "-")
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            wanted += [Requirement(r) for r in importlib.metadata.requires(name) or []]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def test_the_wheel_holds_the_runtime_package_only(wheel: zipfile.ZipFile) -> None:
+    names = wheel.namelist()
+    outside = [n for n in names if not n.startswith(("airflow_mpi/", "airflow_mpi-"))]
+    assert outside == [], outside
+    assert not [n for n in names if "/testing/" in n or "/tests/" in n or n.startswith("airflow_mpi/bench")]
+    assert "airflow_mpi/scripts/launch.sh" in names and "airflow_mpi/py.typed" in names
+
+
+def test_every_module_in_the_wheel_imports_what_the_runtime_dependencies_provide(wheel: zipfile.ZipFile) -> None:
+    providers = importlib.metadata.packages_distributions()
+    allowed = runtime_distributions()
+    unprovided: dict[str, str] = {}
+    for name in wheel.namelist():
+        if not name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(wheel.read(name))):
+            modules = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                else []
+            )
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "airflow_mpi":
+                    continue
+                distributions = {d.lower().replace("_", "-") for d in providers.get(top, [])}
+                if not distributions & allowed:
+                    unprovided[f"{name}: {module}"] = ", ".join(sorted(distributions)) or "not installed"
+    assert unprovided == {}, unprovided
