@@ -6,6 +6,7 @@ each request is retried on 429/5xx and connection failures until the API has bee
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -124,6 +125,18 @@ class CustomObjects:
             ApiRequest("delete", plural, namespace, name),
             self.api_url,
         )
+
+    def wait_gone(self, namespace: str, gvk: GVK, name: str, timeout: float) -> bool:
+        """Whether the object went within ``timeout`` seconds. Polled with a back-off (0.2 s up
+        to 2 s): a foreground deletion waits for every pod it owns, and the controllers let a
+        finished pod go up to ~20 s after the others (real Volcano)."""
+        deadline, pause = time.monotonic() + timeout, 0.2
+        while self.get(namespace, gvk, name) is not None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 1.5, 2.0)
+        return True
 
 
 def find_custom_jobs(custom: CustomObjects, namespace: str, gvk: GVK, identity: RunIdentity) -> list[FoundJob]:

@@ -79,8 +79,8 @@ from airflow_mpi.readiness import HostProbe, probes_from_states
 from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import PodPhase, PodState, PodTable, WatchLoop, pod_state_from_k8s
 
-# The one API-dispatch table: each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
 _log = logging.getLogger(__name__)
+# The one API-dispatch table: each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
 KINDS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this

@@ -228,19 +228,14 @@ class MPIJobBackend(KubernetesBackend):
         # Foreground: the MPIJob is gone only once everything it owns is.
         self.custom.delete(namespace, MPIJOB, job_name, propagation="Foreground")
         super().teardown(job_name, namespace)  # waits for the pods; its Service delete finds it gone
-        deadline = time.monotonic() + TEARDOWN_WAIT
-        while self.custom.get(namespace, MPIJOB, job_name) is not None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        self.custom.wait_gone(namespace, MPIJOB, job_name, TEARDOWN_WAIT)
         for cache in (self._created_at, self._gone):
             cache.pop(job_name, None)
 
     def _delete_mpijob(self, namespace: str, name: str) -> None:
         self.custom.delete(namespace, MPIJOB, name, propagation="Foreground")
-        deadline = time.monotonic() + 60
-        while self.custom.get(namespace, MPIJOB, name) is not None:
-            if time.monotonic() > deadline:
-                raise LaunchError(f"MPIJob {name}: an earlier attempt's MPIJob is still being deleted")
-            time.sleep(0.5)
+        if not self.custom.wait_gone(namespace, MPIJOB, name, 60):
+            raise LaunchError(f"MPIJob {name}: an earlier attempt's MPIJob is still being deleted")
 
     def leftovers(self, job_name: str) -> list[str]:
         """What is left by our label and the controller's: the MPIJob, the pods, the Services,

@@ -12,7 +12,6 @@ everything else along.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import replace
 
 from airflow_mpi.backends.base import FoundJob
@@ -91,20 +90,12 @@ class VolcanoBackend(KubernetesBackend):
         # Foreground: the Job is gone only once everything it owns is.
         self.custom.delete(namespace, VOLCANO_JOB, job_name, propagation="Foreground")
         super().teardown(job_name, namespace)  # waits for the pods; its Service delete finds none
-        # Real Volcano: the pods go at once, the succeeded master (and so the Job) up to ~20 s
-        # later: poll with a back-off, not 5 times a second.
-        deadline, pause = time.monotonic() + TEARDOWN_WAIT, 0.2
-        while self.custom.get(namespace, VOLCANO_JOB, job_name) is not None and time.monotonic() < deadline:
-            time.sleep(pause)
-            pause = min(pause * 1.5, 2.0)
+        self.custom.wait_gone(namespace, VOLCANO_JOB, job_name, TEARDOWN_WAIT)
 
     def _delete_volcano_job(self, namespace: str, name: str) -> None:
         self.custom.delete(namespace, VOLCANO_JOB, name, propagation="Foreground")
-        deadline = time.monotonic() + 60
-        while self.custom.get(namespace, VOLCANO_JOB, name) is not None:
-            if time.monotonic() > deadline:
-                raise LaunchError(f"Volcano job {name}: an earlier attempt's job is still being deleted")
-            time.sleep(0.5)
+        if not self.custom.wait_gone(namespace, VOLCANO_JOB, name, 60):
+            raise LaunchError(f"Volcano job {name}: an earlier attempt's job is still being deleted")
 
     def leftovers(self, job_name: str) -> list[str]:
         job = self._jobs.get(job_name)
