@@ -23,13 +23,17 @@ def yaml_documents(path: Path) -> list[Obj]:
 
 def install_crds(api: KubeApi, paths: list[Path], timeout: float = 60) -> list[str]:
     """Create (or replace) the CRDs in ``paths`` and wait until each is Established."""
+    return install_crd_documents(api, [doc for path in paths for doc in yaml_documents(path)], timeout)
+
+
+def install_crd_documents(api: KubeApi, documents: list[Obj], timeout: float = 60) -> list[str]:
+    """Create (or replace) the CRDs among ``documents`` and wait until each is Established."""
     names = []
-    for path in paths:
-        for crd in yaml_documents(path):
-            if crd.get("kind") != "CustomResourceDefinition":
-                continue
-            api.apply_object(CRDS, crd)
-            names.append(crd["metadata"]["name"])
+    for crd in documents:
+        if crd.get("kind") != "CustomResourceDefinition":
+            continue
+        api.apply_object(CRDS, crd)
+        names.append(crd["metadata"]["name"])
 
     def established() -> bool:
         for name in names:
@@ -91,17 +95,23 @@ WEBHOOK_KINDS = {"MutatingWebhookConfiguration": "mutatingwebhookconfigurations"
                  "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}  # fmt: skip
 
 
+def client_config(url: str, ca_bundle: bytes) -> Obj:
+    """A webhook's clientConfig calling ``url`` on loopback, trusting the test CA (what a
+    Service reference and an injected caBundle give in a cluster)."""
+    import base64
+
+    return {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
+
+
 def kueue_webhook_configurations(assets: Path, url: str, ca_bundle: bytes) -> list[Obj]:
     """Kueue's webhook configurations as its kustomize makes them (``kueue-`` name prefix, the
     namespace selector of the pod-level webhooks), each calling ``url`` + its path."""
-    import base64
-
     configurations = []
     for doc in yaml_documents(assets / "webhook" / "manifests.yaml"):
         doc["metadata"]["name"] = "kueue-" + doc["metadata"]["name"]
         for webhook in doc["webhooks"]:
             path = webhook["clientConfig"]["service"]["path"]
-            webhook["clientConfig"] = {"url": url + path, "caBundle": base64.b64encode(ca_bundle).decode()}
+            webhook["clientConfig"] = client_config(url + path, ca_bundle)
             if webhook["name"] in KUEUE_POD_LEVEL_WEBHOOKS:
                 webhook["namespaceSelector"] = {"matchExpressions": [
                     {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
@@ -116,27 +126,17 @@ def kueue_crd_paths(assets: Path) -> list[Path]:
 
 def install_kueue_crds(api: KubeApi, assets: Path, url: str, ca_bundle: bytes) -> list[str]:
     """Kueue's CRDs with the conversion webhook its kustomize patches in (at ``url``/convert)."""
-    import base64
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for path in kueue_crd_paths(assets):
-            docs = yaml_documents(path)
-            for crd in docs:
-                plural = crd.get("spec", {}).get("names", {}).get("plural")
-                if crd.get("kind") == "CustomResourceDefinition" and plural in KUEUE_CONVERTED_CRDS:
-                    crd["spec"]["conversion"] = {
-                        "strategy": "Webhook",
-                        "webhook": {
-                            "clientConfig": {"url": url + "/convert", "caBundle": base64.b64encode(ca_bundle).decode()},
-                            "conversionReviewVersions": ["v1"],
-                        },
-                    }
-            target = Path(tmp) / path.name
-            target.write_text(yaml.safe_dump_all(docs))
-            paths.append(target)
-        return install_crds(api, paths)
+    documents = [doc for path in kueue_crd_paths(assets) for doc in yaml_documents(path)]
+    for crd in documents:
+        if crd.get("kind") == "CustomResourceDefinition" and crd["spec"]["names"]["plural"] in KUEUE_CONVERTED_CRDS:
+            crd["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": client_config(url + "/convert", ca_bundle),
+                    "conversionReviewVersions": ["v1"],
+                },
+            }
+    return install_crd_documents(api, documents)
 
 
 def kueue_configuration(webhook_port: int, cert_dir: Path, health_port: int, metrics_port: int) -> Obj:

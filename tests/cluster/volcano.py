@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from tests.cluster.build import COMPONENTS, assets_dir, bin_dir, is_built
-from tests.cluster.controllers import WEBHOOK_KINDS, ensure_namespace, install_crds
+from tests.cluster.controllers import WEBHOOK_KINDS, client_config, ensure_namespace, install_crds
 from tests.cluster.controlplane import Process, free_port, wait_for
 from tests.cluster.kubeapi import KubeApi, Obj
 
@@ -95,14 +95,12 @@ def chart_documents(template: str, kind: str) -> list[Obj]:
 
 def webhook_configurations(url: str, ca_bundle: bytes) -> list[Obj]:
     """The chart's webhook configurations, each pointing at ``url`` + its path."""
-    import base64
-
     configurations = []
     for kind in WEBHOOK_KINDS:
         for config in chart_documents("webhooks.yaml", kind):
             for webhook in config["webhooks"]:
                 path = webhook["clientConfig"]["service"]["path"]
-                webhook["clientConfig"] = {"url": url + path, "caBundle": base64.b64encode(ca_bundle).decode()}
+                webhook["clientConfig"] = client_config(url + path, ca_bundle)
             configurations.append(config)
     return configurations
 
