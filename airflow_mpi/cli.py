@@ -194,7 +194,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         backend = KubernetesBackend(kubernetes_conn_id=args.kubernetes_conn_id, namespace=args.namespace)
         namespace = backend.namespace_for(MPIJobSpec(name="doctor", command=("true",)))
-        report = run_image_doctor(backend.core, args.image, namespace, timeout=args.timeout)
+        report = run_image_doctor(backend.objects.core, args.image, namespace, timeout=args.timeout)
     else:
         report = run_local_doctor()
         if args.clean and not report.missing:

@@ -66,20 +66,17 @@ def cluster_backend(args: argparse.Namespace, kind: str = "kubernetes") -> tuple
         backend = _backend_from_kubeconfig(args.kubeconfig, args.context, args.namespace, args.api_timeout)
     namespace = backend.namespace_for(MPIJobSpec(name="cli", command=("true",)))
     if kind != "kubernetes":
-        backend = _backend_class(kind)(
+        from airflow_mpi.backends import KUBERNETES_KINDS
+        from airflow_mpi.backends.kubernetes import KubernetesBackend
+
+        backend = KubernetesBackend(
             kubernetes_conn_id=backend.kubernetes_conn_id,
             namespace=namespace,
+            kind=KUBERNETES_KINDS[kind],
             api_client=backend.api_client,
             api_timeout=backend.api_timeout,
         )
     return backend, namespace
-
-
-def _backend_class(kind: str) -> type[KubernetesBackend]:
-    from airflow_mpi.backends.mpijob import MPIJobBackend
-    from airflow_mpi.backends.volcano import VolcanoBackend
-
-    return {"volcano": VolcanoBackend, "mpijob": MPIJobBackend}[kind]
 
 
 def _backend_from_kubeconfig(

@@ -30,6 +30,9 @@ class Outcome(_Status, total=False):
     rank: int | None  # the rank the world-size check found missing (STATUS_FAILED with ``message``)
     message: str  # STATUS_FAILED by the master's output (the world-size check): the whole error
     log_lines: int  # whole master lines the trigger's log follow read (shown, or shown before)
+    tail: list[str]  # the master's last lines the trigger read (for a message once its log is gone)
+    queued: bool  # STATUS_TIMEOUT: past scheduling.queue_timeout (``reason`` is the whole error)
+    never_starts: bool  # STATUS_FAILED: the job's controller refused or failed it before its pods ran
 
 
 class JobEvent(Outcome):

@@ -26,6 +26,7 @@ from airflow_mpi.exceptions import (
     BackendUnreachable,
     JobFailed,
     JobTimeout,
+    LaunchError,
     MPIJobError,
     SshdNotReady,
 )
@@ -33,6 +34,7 @@ from airflow_mpi.logstream import TAIL_LINES, OutputTracker, build_rank_pods, fo
 from airflow_mpi.masterlog import MasterOutput, OutputPlan
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
+from airflow_mpi.queueing import QueueClock
 from airflow_mpi.readiness import HostProbe, summarize_not_ready
 from airflow_mpi.spec import MPIJobSpec, Role
 from airflow_mpi.status import JobPhase, JobStatus, evaluate_job
@@ -45,7 +47,6 @@ TIMEOUT_GRACE = 3.0  # mpiexec --timeout reports first; past this the task side 
 # and the job "succeeds" having trained N separate models.
 WARN_ON_SUCCESS = frozenset({Cause.NESTED_LAUNCHER})
 DIAGNOSED_PODS = 8  # worker logs read to explain a readiness failure (each is one small read)
-QUEUE_NOTE_INTERVAL = 60.0  # how often the task log repeats that the job still waits in a queue
 
 
 @dataclass(frozen=True)
@@ -105,37 +106,24 @@ def wait_for_sshd(
 
 
 class QueueWait:
-    """The job waits for a gang scheduler or queue to admit it: queued is not stuck. The task log
-    says so when the reason changes and every ``QUEUE_NOTE_INTERVAL``; ``scheduling.queue_timeout``
-    (if set) bounds the total wait."""
+    """The job waits for a gang scheduler or queue to admit it (the rule: ``queueing``)."""
 
     def __init__(self, backend: QueueAwareBackend, plan: JobPlan, emit: Callable[[str], None]) -> None:
         self.backend, self.plan, self.emit = backend, plan, emit
-        self.limit = plan.spec.scheduling.queue_timeout
-        self.waited = 0.0
-        self._since: float | None = None
-        self._noted: tuple[str, float] | None = None
+        self.clock = QueueClock(plan.spec.scheduling.queue_timeout)
 
     def check(self) -> bool:
         """Whether the job is queued now (noting it, and failing past ``queue_timeout``)."""
         reason = self.backend.queue_status(self.plan.job_name)
         now = time.monotonic()
+        self.clock.observe(reason, now)
         if reason is None:
-            if self._since is not None:
-                self.waited += now - self._since
-                self._since = None
             return False
-        if self._since is None:
-            self._since = now
-        waited = self.waited + now - self._since
-        if self._noted is None or self._noted[0] != reason or now - self._noted[1] >= QUEUE_NOTE_INTERVAL:
-            self.emit(f"airflow-mpi: job {self.plan.job_name} waits for admission ({waited:.0f}s so far): {reason}")
-            self._noted = (reason, now)
-        if self.limit is not None and waited >= self.limit:
-            raise JobTimeout(
-                f"MPI job {self.plan.job_name} waited {waited:.0f}s for admission, past scheduling.queue_timeout "
-                f"({self.limit}s): {reason}. Free capacity in the queue, raise its quota, or raise queue_timeout"
-            )
+        note = self.clock.note(self.plan.job_name, reason, now)
+        if note is not None:
+            self.emit(note)
+        if self.clock.expired(now):
+            raise JobTimeout(self.clock.timeout_message(self.plan.job_name, reason, now))
         return True
 
     def wait(self) -> None:
@@ -314,12 +302,13 @@ class JobRunner:
         backend.start_master(self.job_name)
         self._mark("mpiexec_started")
 
-    def finish(self) -> JobResult:
-        """Stream the master's output until it ends, then the result (or the failure)."""
+    def finish(self, shown_tail: Sequence[str] = ()) -> JobResult:
+        """Stream the master's output until it ends, then the result (or the failure).
+        ``shown_tail``: the last lines a deferred wait showed, standing in for a log gone since."""
         plan = self.plan
         started = self.marks.get("mpiexec_started", time.time())
         deadline = time.monotonic() + max(0.0, started + plan.spec.timeout - time.time())
-        status = self._stream(deadline=deadline)
+        status = self._stream(deadline=deadline, shown_tail=shown_tail)
         self._mark("finished")
         self.emit(f"airflow-mpi: job {plan.job_name} {status.phase.value}")
         if status.phase is not JobPhase.SUCCEEDED:
@@ -350,7 +339,7 @@ class JobRunner:
             lines=self.output.lines_seen,
         )
 
-    def _stream(self, deadline: float) -> JobStatus:
+    def _stream(self, deadline: float, shown_tail: Sequence[str] = ()) -> JobStatus:
         """Forward the master's output live and watch the workers, until the master ends."""
         next_watch = time.monotonic() + WATCH_INTERVAL
         for batch in self.backend.follow_master(self.job_name, idle_tick=0.1):
@@ -366,6 +355,8 @@ class JobRunner:
                 status = evaluate_job(self.backend.pod_states(self.job_name))
                 if status.phase is JobPhase.FAILED and status.failed_pod != self.plan.master.name:
                     raise self._worker_failure(status)
+        if shown_tail and self.master_output.lines_read == 0:  # the master's log is gone
+            self.master_output.take(list(shown_tail), time.monotonic())
         self.master_output.flush(time.monotonic())
         status = evaluate_job(self.backend.pod_states(self.job_name))
         if time.monotonic() >= deadline:
@@ -402,8 +393,10 @@ class JobRunner:
         if status == STATUS_ERROR:
             cause = BackendUnreachable if event.get("unreachable") else BackendRequestFailed
             return cause(event.get("reason", ""))
-        if status == STATUS_TIMEOUT and "scheduling.queue_timeout" in event.get("reason", ""):
-            return JobTimeout(f"MPI job {self.job_name} {event.get('reason', '')}")
+        if status == STATUS_TIMEOUT and event.get("queued"):
+            return JobTimeout(event.get("reason", ""))
+        if status == STATUS_FAILED and event.get("never_starts"):
+            return LaunchError(event.get("reason", ""))
         if status == STATUS_TIMEOUT and wait_for == WAIT_READY:
             workers = [worker.name for worker in self.plan.workers]
             return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])

@@ -24,8 +24,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend  # noqa: E402
-from airflow_mpi.backends.mpijob import MPIJobBackend  # noqa: E402
-from airflow_mpi.backends.volcano import VolcanoBackend  # noqa: E402
 from airflow_mpi.naming import RunIdentity  # noqa: E402
 from airflow_mpi.runner import JobRunner, plan_for  # noqa: E402
 from airflow_mpi.spec import MPIJobSpec  # noqa: E402
@@ -33,7 +31,7 @@ from tests.cluster.cluster import Cluster, built  # noqa: E402
 from tests.cluster.conftest import api_client  # noqa: E402
 
 PROGRAM = "import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'started', flush=True)"
-BACKENDS: dict[str, Any] = {"pods": KubernetesBackend, "mpijob": MPIJobBackend, "volcano": VolcanoBackend}
+BACKENDS = ("pods", "mpijob", "volcano")
 # The master prints numbered lines (rank 0 only) at a steady rate, so a restart lands mid-stream.
 LINES_PROGRAM = (
     "import os, sys, time\n"
@@ -64,7 +62,7 @@ def counted_client(kubeconfig: Path) -> tuple[Any, list[int]]:
 
 def one_job(cluster: Cluster, namespace: str, kind: str, workers: int) -> dict[str, float]:
     client, count = counted_client(cluster.kubeconfig)
-    backend = BACKENDS[kind](api_client=client, namespace=namespace)
+    backend = KubernetesBackend(kind=kind, api_client=client, namespace=namespace)
     spec = MPIJobSpec.from_dict({
         "name": "bench", "image": "registry.example/airflow-mpi-train:0.1",
         "command": [sys.executable, "-c", PROGRAM], "workers": {"replicas": workers},

@@ -6,3 +6,5 @@ and the connection form offers exactly these, with the default preselected.
 
 BACKEND_NAMES = ("local", "kubernetes", "volcano", "mpijob")
 DEFAULT_BACKEND = "local"  # what a connection without a backend, or no connection at all, runs on
+# The job kind (``kinds.JobKind``) each Kubernetes backend name runs.
+KUBERNETES_KINDS = {"kubernetes": "pods", "volcano": "volcano", "mpijob": "mpijob"}

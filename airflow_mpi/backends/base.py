@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from airflow_mpi.kinds import JobKind
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.readiness import HostProbe
@@ -92,6 +93,7 @@ class DeferrableBackend(ReattachableBackend, Protocol):
 
     kubernetes_conn_id: str
     api_timeout: float  # seconds the trigger may go without an answer from the API
+    kind: JobKind  # what the trigger reads the job's pods as (it is given the kind's name)
 
 
 @runtime_checkable

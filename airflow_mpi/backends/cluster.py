@@ -1,12 +1,12 @@
 """Jobs already on a cluster, for the CLI and the connection test: list them, read a master's log,
 delete one and wait until it is gone, and check that the API answers and allows what the backend
-needs. Built on ``KubernetesBackend``'s own bounded requests and error translation, so a refusal
-or an unreachable API reads the same here as during a run.
+needs. Built on the backend's own client (``CoreObjects``: bounded requests, translated errors), so
+a refusal or an unreachable API reads the same here as during a run.
 
 A job may have been made by any Kubernetes backend: plain pods (our Service owns everything), a
 Volcano Job or an MPIJob (its controller makes the pods). Every one creates our Secret with our
-labels, owned by its top object: that owner says which backend's own code reads the job's pods,
-finds its master pod and deletes it.
+labels, owned by its top object: that owner says the job's kind (``kinds.kind_of``), and a backend
+of that kind reads the job's pods, finds its master pod and deletes it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 
-from airflow_mpi import contract
-from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, explain, translate
+from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, explain
 from airflow_mpi.backends.kubernetes import KubernetesBackend, Obj
-from airflow_mpi.backends.mpijob import MPIJobBackend
-from airflow_mpi.backends.volcano import VolcanoBackend
-from airflow_mpi.exceptions import BackendError, JobNotFound
+from airflow_mpi.exceptions import JobNotFound
 from airflow_mpi.jobtable import MANAGED_SELECTOR, JobRow, summarize_job
+from airflow_mpi.kinds import KINDS, kind_of
 from airflow_mpi.logstream import split_tag
 from airflow_mpi.naming import LABEL_JOB, job_selector
 from airflow_mpi.podlog import PartialLine, RankLineSplitter
@@ -31,13 +29,6 @@ JOB_PLURALS = ("secrets", "configmaps", "pods")  # what every backend's job has 
 CORE_KINDS = {"service": "services", "secret": "secrets", "configmap": "configmaps", "pod": "pods"}
 DELETE_WAIT = 60.0  # seconds for the garbage collector to take a deleted job's objects
 CHECK_TIMEOUT = (5.0, 10.0)  # (connect, read) seconds of each request of a connection test
-# The backends a job on a cluster may come from, most specific owner first, and the name the
-# BACKEND column gives each.
-KINDS: tuple[tuple[str, type[KubernetesBackend]], ...] = (
-    ("volcano", VolcanoBackend),
-    ("mpijob", MPIJobBackend),
-    ("pods", KubernetesBackend),
-)
 
 
 class Cluster:
@@ -47,30 +38,26 @@ class Cluster:
         self.namespace = namespace
         self.base = backend
         self.kinds = {
-            kind: cls(
+            kind: KubernetesBackend(
                 kubernetes_conn_id=backend.kubernetes_conn_id,
                 namespace=namespace,
+                kind=kind,
                 api_client=backend.api_client,
                 api_timeout=backend.api_timeout,
             )
-            for kind, cls in KINDS
+            for kind in KINDS
         }
 
-    def kind_of(self, obj: Obj) -> str:
-        """Which backend made the job ``obj`` (our Secret, a pod) belongs to, by its owner."""
-        return next((kind for kind, cls in KINDS if cls.owns(obj)), "pods")
-
-    def backend_for(self, job_name: str) -> tuple[str, KubernetesBackend]:
-        """The kind and backend of a job: from its own objects, else from its top object alone
-        (the others may be gone already); ``JobNotFound`` if nothing of it is there."""
+    def backend_for(self, job_name: str) -> KubernetesBackend:
+        """The backend of a job's kind: from its own objects' owners, else from its top object
+        alone (the others may be gone already); ``JobNotFound`` if nothing of it is there."""
         for plural in JOB_PLURALS:
-            found = self.base._list(self.namespace, plural, job_selector(job_name))
+            found = self.base.objects.list(self.namespace, plural, job_selector(job_name))
             if found:
-                kind = self.kind_of(found[0])
-                return kind, self.kinds[kind]
+                return self.kinds[kind_of(found[0]).name]
         for kind in ("pods", "volcano", "mpijob"):  # a Service first: every cluster has the kind
             if self.kinds[kind].job_exists(job_name, self.namespace):
-                return kind, self.kinds[kind]
+                return self.kinds[kind]
         raise JobNotFound(
             f"no job {job_name} in namespace {self.namespace}: `airflow-mpi jobs --namespace {self.namespace}` "
             "lists the jobs there"
@@ -81,48 +68,38 @@ def list_jobs(backend: KubernetesBackend, namespace: str, now: float | None = No
     """Every job of this product in the namespace, whichever backend made it, oldest first (two
     list requests: our Secrets, one per job, and our pods)."""
     now = time.time() if now is None else now
-    cluster = Cluster(backend, namespace)
-    secrets = backend._list(namespace, "secrets", MANAGED_SELECTOR)
+    secrets = backend.objects.list(namespace, "secrets", MANAGED_SELECTOR)
     pods: dict[str, list[Obj]] = defaultdict(list)
-    for pod in backend._list(namespace, "pods", MANAGED_SELECTOR):
+    for pod in backend.objects.list(namespace, "pods", MANAGED_SELECTOR):
         pods[(pod["metadata"].get("labels") or {}).get(LABEL_JOB, "")].append(pod)
     rows: dict[str, JobRow] = {}
     for secret in secrets:
         name = (secret["metadata"].get("labels") or {}).get(LABEL_JOB, "")
         if not name or name in rows:
             continue
-        kind = cluster.kind_of(secret)
-        states = cluster.kinds[kind].job_pod_states(pods.get(name, []))
-        rows[name] = summarize_job(secret, pods.get(name, []), now, states=states, backend=kind)
+        kind = kind_of(secret)
+        states = kind.listed_states(pods.get(name, []))
+        rows[name] = summarize_job(secret, pods.get(name, []), now, states=states, backend=kind.name)
     return sorted(rows.values(), key=lambda row: (-row.age_s, row.name))
 
 
 def read_master_log(backend: KubernetesBackend, job_name: str, namespace: str) -> list[str]:
     """The master's log as it is now (the job's backend says which pod that is: an MPIJob's is
     its newest launcher pod), each rank's lines reassembled (as ``run`` shows them)."""
-    _, backend = Cluster(backend, namespace).backend_for(job_name)
+    backend = Cluster(backend, namespace).backend_for(job_name)
     master = backend.master_pod_name(job_name, namespace)
-    request = ApiRequest("get", "pods/log", namespace, master)
     try:
-        response = backend._send(
-            lambda timeout: backend.core.read_namespaced_pod_log(
-                master, namespace, container=contract.CONTAINER_NAME, _preload_content=False, _request_timeout=timeout
-            )
-        )
-    except BackendError:
-        raise
-    except Exception as error:
-        if api_status(error) == NOT_FOUND:
-            raise JobNotFound(f"job {job_name} has no master pod (yet): nothing logged") from None
-        raise translate(error, request, backend.api_url) from error
+        data = backend.objects.read_log(namespace, master)
+    except JobNotFound:
+        raise JobNotFound(f"job {job_name} has no master pod (yet): nothing logged") from None
     splitter = RankLineSplitter()
-    lines = splitter.feed(response.data) + splitter.flush()
+    lines = splitter.feed(data) + splitter.flush()
     return [plain_line(line) for line in lines if not isinstance(line, PartialLine)]
 
 
 def follow_master_log(backend: KubernetesBackend, job_name: str, namespace: str) -> Iterator[list[str]]:
     """The master's log live, through the job's own backend (which pod, resumed after drops)."""
-    _, backend = Cluster(backend, namespace).backend_for(job_name)
+    backend = Cluster(backend, namespace).backend_for(job_name)
     try:
         yield from backend.follow_master(job_name)
     finally:
@@ -140,8 +117,8 @@ def delete_job(backend: KubernetesBackend, job_name: str, namespace: str, wait: 
     rest goes with it) and wait until that backend finds nothing of it left; what is left of our
     own kinds by then is deleted directly. Returns what is still there after that (empty on
     success); ``JobNotFound`` if there was no such job."""
-    _, backend = Cluster(backend, namespace).backend_for(job_name)
-    backend.teardown(job_name, namespace)
+    backend = Cluster(backend, namespace).backend_for(job_name)
+    backend.teardown(job_name)
     deadline = time.monotonic() + wait
     while True:
         left = backend.leftovers(job_name)
@@ -154,7 +131,7 @@ def delete_job(backend: KubernetesBackend, job_name: str, namespace: str, wait: 
     for item in left:  # the collector is slow or off
         kind, _, name = item.partition(" ")
         if kind in CORE_KINDS:
-            backend._delete(namespace, CORE_KINDS[kind], name, since)
+            backend.objects.delete(namespace, CORE_KINDS[kind], name, since)
     return backend.leftovers(job_name)
 
 
@@ -165,7 +142,7 @@ def check_access(backend: KubernetesBackend, namespace: str) -> tuple[bool, str]
     url = backend.api_url
     request = ApiRequest("list", "pods", namespace)
     try:
-        response = backend.core.list_namespaced_pod(
+        response = backend.objects.core.list_namespaced_pod(
             namespace, limit=1, _preload_content=False, _request_timeout=CHECK_TIMEOUT
         )
         listed = len(json.loads(response.data).get("items") or [])
@@ -174,7 +151,7 @@ def check_access(backend: KubernetesBackend, namespace: str) -> tuple[bool, str]
             return False, f"cannot reach the Kubernetes API at {url} ({_reason(error)}): check the server address"
         return False, explain(error, request, url)
     try:
-        backend.core.read_namespace(namespace, _preload_content=False, _request_timeout=CHECK_TIMEOUT)
+        backend.objects.core.read_namespace(namespace, _preload_content=False, _request_timeout=CHECK_TIMEOUT)
     except Exception as error:
         body = getattr(error, "body", "") or ""
         if api_status(error) == NOT_FOUND and '"namespaces"' in str(body):

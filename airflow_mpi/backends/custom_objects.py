@@ -1,7 +1,7 @@
 """Custom resources (Volcano Jobs, PodGroups, Kueue Workloads) through ``CustomObjectsApi``, with
 the same error translation (``k8s_errors.translate``) and the same bounds as the core objects:
 each request is retried on 429/5xx and connection failures until the API has been silent for
-``api_timeout`` (the backend's ``_send``)."""
+``api_timeout`` (``CoreObjects.request``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, run_sel
 GVK = tuple[str, str, str, str]
 Obj = dict[str, Any]
 # ``send(call, since)``: make ``call(request_timeout)``, retrying transient failures until the API
-# has been silent for ``api_timeout`` since ``since`` (None: now); see ``KubernetesBackend._send``.
+# has been silent for ``api_timeout`` since ``since`` (None: now); see ``CoreObjects.request``.
 Send = Callable[[Callable[[tuple[float, float]], Any], float | None], Any]
 
 

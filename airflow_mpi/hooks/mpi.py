@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
 
-from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND
+from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND, KUBERNETES_KINDS
 from airflow_mpi.backends.base import Backend
 from airflow_mpi.exceptions import BackendUnavailable
 from airflow_mpi.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
@@ -64,31 +64,14 @@ class MPIJobHook(BaseHook):
             from airflow_mpi.backends.local import LocalBackend
 
             return LocalBackend(state_dir=extras.get("state_dir"))
-        if kind == "volcano":
-            from airflow_mpi.backends.k8s_errors import API_TIMEOUT
-            from airflow_mpi.backends.volcano import VolcanoBackend
-
-            return VolcanoBackend(
-                kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
-                namespace=extras.get("namespace"),
-                api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
-            )
-        if kind == "mpijob":
-            from airflow_mpi.backends.k8s_errors import API_TIMEOUT
-            from airflow_mpi.backends.mpijob import MPIJobBackend
-
-            return MPIJobBackend(
-                kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
-                namespace=extras.get("namespace"),
-                api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
-            )
-        if kind == "kubernetes":
+        if kind in KUBERNETES_KINDS:
             from airflow_mpi.backends.k8s_errors import API_TIMEOUT
             from airflow_mpi.backends.kubernetes import KubernetesBackend
 
             return KubernetesBackend(
                 kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
                 namespace=extras.get("namespace"),
+                kind=KUBERNETES_KINDS[kind],
                 api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
             )
         raise BackendUnavailable(

@@ -154,8 +154,6 @@ class MPIJobOperator(BaseOperator):
         plan, backend = runner.plan, self._deferrable(runner.backend)
         spec = plan.spec
         timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
-        gang = _starts_master_with_workers(runner)
-        queue_timeout = spec.scheduling.queue_timeout
         custom = backend.custom_objects_to_delete(plan) if isinstance(backend, QueueAwareBackend) else []
         backend.release(plan.job_name)  # the trigger watches from here on
         self.defer(
@@ -172,9 +170,11 @@ class MPIJobOperator(BaseOperator):
                 api_timeout=backend.api_timeout,
                 try_number=plan.identity.try_number,
                 marks=runner.marks,
-                gang=gang,
-                queue_deadline=time.time() + queue_timeout if gang and queue_timeout else None,
+                kind=backend.kind.name,
+                gang=spec.scheduling.gang is not None,
                 queue=spec.scheduling.queue,
+                queue_timeout=spec.scheduling.queue_timeout,
+                created_at=runner.marks.get("created"),
                 custom_objects=[list(kind) for kind in custom],
                 # Waiting for the end, the trigger shows the master's lines live; it goes on after
                 # those this try's log holds (a reattached retry's earlier try showed them).
@@ -218,7 +218,8 @@ class MPIJobOperator(BaseOperator):
             failure = runner.event_failure(event)
             if failure is not None:
                 raise failure
-            result = runner.finish()  # finished, or the master failed: its log names the rank
+            # Finished, or the master failed: its log names the rank.
+            result = runner.finish(shown_tail=event.get("tail") or ())
         except TaskDeferred:
             raise  # the job lives on: no teardown
         except BaseException as error:

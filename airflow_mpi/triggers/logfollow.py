@@ -137,10 +137,14 @@ class MasterLogFollower:
         budget: Callable[[int], float] | None = None,
         read_timeout: float = LOG_READ_TIMEOUT,
         log: Any = None,
+        pod: Callable[[], str | None] | None = None,
     ) -> None:
         self.api_client = api_client
         self.namespace = namespace
         self.master = master
+        # The master's own pod now: a controller's generated pod (an MPIJob launcher Job's
+        # newest) is known only from the pod watch; None while there is none yet.
+        self.pod = pod or (lambda: master)
         self.output = output
         self.master_ended = master_ended
         self.budget = budget or (lambda size: 0.0)
@@ -157,13 +161,21 @@ class MasterLogFollower:
         the log (``refused``)."""
         attempt = 0
         while True:
+            pod = self.pod()
+            if pod is None:  # not created yet
+                if self.master_ended.is_set():
+                    break
+                await self._wait_for_end(0.2)
+                continue
             since = self.cursor.resume()
             try:
-                response = await self._open(since)
+                response = await self._open(since, pod)
             except asyncio.CancelledError:
                 raise
             except Exception as error:
                 status = api_status(error)
+                if status == 404 and self.pod() not in (None, pod):
+                    continue  # replaced by a newer pod of its controller: follow that one
                 if status == 404 or (status == 400 and self.master_ended.is_set()):
                     break  # gone, or ended without ever starting: the pod watch says why
                 if is_refusal(error) and status != 400:  # as the waiting path: the job fails, saying why
@@ -191,12 +203,12 @@ class MasterLogFollower:
             async with asyncio.timeout(seconds):
                 await self.master_ended.wait()
 
-    async def _open(self, since: str | None) -> Any:
+    async def _open(self, since: str | None, pod: str) -> Any:
         query = [("container", contract.CONTAINER_NAME), ("follow", "true"), ("timestamps", "true")]
         if since:
             query.append(("sinceTime", since))  # the client has no since_time parameter
         response = await self.api_client.call_api(
-            f"/api/v1/namespaces/{self.namespace}/pods/{self.master}/log",
+            f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log",
             "GET",
             query_params=query,
             header_params={"Accept": "*/*"},

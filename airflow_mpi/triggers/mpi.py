@@ -43,17 +43,21 @@ from airflow_mpi.events import (
     JobEvent,
     Outcome,
 )
-from airflow_mpi.gang import describe_group_wait
+from airflow_mpi.kinds import job_kind
+from airflow_mpi.logstream import TAIL_LINES
 from airflow_mpi.masterlog import MasterOutput, OutputPlan
 from airflow_mpi.naming import job_selector
 from airflow_mpi.podlog import LineSplitter
+from airflow_mpi.queueing import QueueClock
 from airflow_mpi.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.spec import Role
-from airflow_mpi.status import JobPhase, PodTable, WatchLoop, evaluate_job
+from airflow_mpi.status import JobPhase, PodPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.triggers.api_client import raise_for_status, shared_api_client
+from airflow_mpi.triggers.kind_reads import KindReads
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
+TAIL_LINE_CHARS = 4096  # of each of the master's last lines in the event
 DRAIN_TIMEOUT = 30.0  # seconds the log may take to end once the master has (the operator shows the rest)
 
 
@@ -75,9 +79,11 @@ class MPIJobTrigger(BaseTrigger):
         api_timeout: float = API_TIMEOUT,
         try_number: int = 1,
         marks: dict[str, float] | None = None,
+        kind: str = "pods",
         gang: bool = False,
-        queue_deadline: float | None = None,
         queue: str | None = None,
+        queue_timeout: float | None = None,
+        created_at: float | None = None,
         custom_objects: list[list[str]] | None = None,
         master_log: dict[str, Any] | None = None,
         skip_lines: int = 0,
@@ -96,11 +102,18 @@ class MPIJobTrigger(BaseTrigger):
         # Handed back in the event: the operator resumes as a new object that knows nothing.
         self.try_number = try_number
         self.marks = dict(marks or {})
-        # A gang-scheduled job may wait for admission: its deadline moves on while it does,
-        # and ``queue_deadline`` (scheduling.queue_timeout, epoch seconds) bounds that wait.
-        self.gang = gang
-        self.queue_deadline = queue_deadline
-        self.queue = queue  # the queue it waits in, for the message
+        # The job kind (``kinds``): the same functions read its pods as the waiting backend's.
+        self.kind_name = kind
+        self.kind = job_kind(kind)
+        # A job may wait for admission (a gang, a queue): the deadline moves on while it does,
+        # and scheduling.queue_timeout bounds the total wait (``queueing``: the one rule).
+        self.gang = gang  # the job has a gang setting
+        self.queue = queue  # the queue it names
+        self.queue_timeout = queue_timeout
+        self.created_at = created_at  # epoch seconds: a job queued from the start waits from then
+        self.queue_clock = QueueClock(queue_timeout, start=created_at)
+        self._watch_loop = WatchLoop(first_backoff=0.2)  # the pods as the watch sees them
+        self.beyond_pods = KindReads(self.kind, job_name, namespace, master_pod, created_at)
         # [group, version, plural] of custom objects named after the job, deleted on a kill.
         self.custom_objects = [list(kind) for kind in custom_objects or []]
         # Waiting for the end, the master's log is followed into the task log (an
@@ -127,9 +140,11 @@ class MPIJobTrigger(BaseTrigger):
                 "api_timeout": self.api_timeout,
                 "try_number": self.try_number,
                 "marks": dict(self.marks),
+                "kind": self.kind_name,
                 "gang": self.gang,
-                "queue_deadline": self.queue_deadline,
                 "queue": self.queue,
+                "queue_timeout": self.queue_timeout,
+                "created_at": self.created_at,
                 "custom_objects": [list(kind) for kind in self.custom_objects],
                 "master_log": dict(self.master_log) if self.master_log else None,
                 "skip_lines": self.skip_lines,
@@ -144,18 +159,32 @@ class MPIJobTrigger(BaseTrigger):
         return roles
 
     def decide(self, table: PodTable) -> Outcome | None:
-        """The outcome to fire for the pods as they are now, or None to keep waiting."""
-        if self.gang:
-            queued = describe_group_wait(list(table.pods.values()), self.queue) or (
-                None if table.pods else "queued: the job's pods do not exist yet"
-            )
-            if queued is not None:
-                now = time.time()
-                if self.queue_deadline is not None and now >= self.queue_deadline:
-                    return {"status": STATUS_TIMEOUT, "reason": f"waited past scheduling.queue_timeout: {queued}"}
-                self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
-                return None
+        """The outcome to fire for the pods as they are now (and what ``_read_top`` read of the
+        kind's top object), or None to keep waiting: the waiting path's rules, through the kind."""
+        now = time.time()
+        seen = self.beyond_pods
+        check = self.kind.queue_check(self.gang, self.queue, list(table.pods.values()), seen.top)
+        if check.failure is not None:
+            reason = f"{self.kind.top_label} {self.job_name}: {check.failure}"
+            return {"status": STATUS_FAILED, "never_starts": True, "pod": None, "reason": reason}
+        if check.reason is not None and seen.refusal is not None:
+            return {"status": STATUS_FAILED, "never_starts": True, "pod": None, "reason": seen.refusal}
+        self.queue_clock.observe(check.reason, now)
+        if check.reason is not None:
+            note = self.queue_clock.note(self.job_name, check.reason, now)
+            if note is not None:
+                self.log.info("%s", note)
+            if self.queue_clock.expired(now):
+                reason = self.queue_clock.timeout_message(self.job_name, check.reason, now)
+                return {"status": STATUS_TIMEOUT, "queued": True, "reason": reason}
+            self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
+            return None
+        deleting = {name for name, pod in table.pods.items() if pod["metadata"].get("deletionTimestamp")}
         states = table.states(self.roles)
+        if seen.master_gone_failure is not None:
+            states = [s for s in states if s.name != self.master_pod]
+            states.append(PodState(self.master_pod, Role.MASTER, PodPhase.FAILED, reason=seen.master_gone_failure))
+        states = self.kind.observe(states, deleting)
         if self._master_ended is not None and any(s.role is Role.MASTER and s.ended for s in states):
             self._master_ended.set()  # the log follow may stop at the end of its stream
         status = evaluate_job(states)
@@ -211,6 +240,7 @@ class MPIJobTrigger(BaseTrigger):
             self._master_ended,
             budget=budget_for_loop().for_job(),
             log=self.log,
+            pod=self._master_pod_now,
         )
         following = asyncio.create_task(follower.run(), name=f"log-{view.master}")
         watching = asyncio.create_task(self._wait(core, api_client), name=f"watch-{self.job_name}")
@@ -231,7 +261,7 @@ class MPIJobTrigger(BaseTrigger):
                             await asyncio.shield(following)
                     if follower.failure is not None:
                         return self._rank_outcome(follower.failure)
-            return {**outcome, "log_lines": output.lines_read}
+            return {**outcome, "log_lines": output.lines_read, "tail": last_lines(output.output.tail)}
         finally:
             for task in (following, watching):
                 task.cancel()
@@ -265,7 +295,7 @@ class MPIJobTrigger(BaseTrigger):
         answered for ``api_timeout`` seconds; each round runs under whichever comes first."""
         silence = ApiSilence(str(api_client.configuration.host), self.api_timeout)
         since = time.monotonic()
-        loop = WatchLoop(first_backoff=0.2)
+        loop = self._watch_loop
         selector = job_selector(self.job_name)
         verb = "list"
 
@@ -283,6 +313,7 @@ class MPIJobTrigger(BaseTrigger):
                 gone = self._vanished(loop.table)
                 if gone is not None:
                     return gone
+            await self.beyond_pods.read(loop.table, self.roles, api_client, silence, since)
             outcome = self.decide(loop.table)
             if outcome is not None:
                 return outcome
@@ -305,6 +336,7 @@ class MPIJobTrigger(BaseTrigger):
                     silence.answered()
                     if not loop.apply(event):
                         break
+                    await self.beyond_pods.read(loop.table, self.roles, api_client, silence, since)
                     outcome = self.decide(loop.table)
                     if outcome is not None:
                         return outcome
@@ -338,16 +370,30 @@ class MPIJobTrigger(BaseTrigger):
             if outcome is not None:
                 return outcome
 
+    def _master_pod_now(self) -> str | None:
+        """The master's own pod: its expected name, or a generated master's newest pod (None
+        while the watch has seen none)."""
+        if not self.kind.master_generated:
+            return self.master_pod
+        generated = self._watch_loop.table.generated(self.master_pod, Role.MASTER)
+        return generated[-1] if generated else None
+
     def _wake(self) -> float:
-        """When ``decide`` must look again whatever the API does: the deadline, or the queue
-        deadline when it comes first (the deadline moves on while a gang is queued)."""
-        return min(self.deadline, self.queue_deadline or self.deadline)
+        """When ``decide`` must look again whatever the API does: the deadline, or the end of
+        the allowed queue wait when it comes first (the deadline moves on while queued)."""
+        clock = self.queue_clock
+        if clock.limit is None or clock.since is None:
+            return self.deadline
+        return min(self.deadline, clock.since + clock.limit - clock.waited)
 
     def _vanished(self, table: PodTable) -> Outcome | None:
         """After a list: every pod waited for was created before the deferral, so one that is not
         there was deleted; none there at all means the job, or its namespace, is gone."""
-        if self.gang and (not table.pods or describe_group_wait(list(table.pods.values()))):
-            return None  # a queued gang's pods may not exist yet: ``decide`` bounds that wait
+        pods = list(table.pods.values())
+        if (self.kind.top is not None or self.gang) and (
+            not pods or self.kind.queue_check(self.gang, self.queue, pods, self.beyond_pods.top).reason
+        ):
+            return None  # a queued job's pods may not exist yet: ``decide`` bounds that wait
         # A pod a controller generated for an expected name (a launcher Job's) is that pod.
         missing = [
             name for name, role in self.roles.items() if name not in table.pods and not table.generated(name, role)
@@ -401,6 +447,12 @@ class MPIJobTrigger(BaseTrigger):
                     _request_timeout=(CONNECT_TIMEOUT, KILL_TIMEOUT),
                 )
         self.log.info("task killed: MPI job %s deleted", self.job_name)
+
+
+def last_lines(tail: list[str]) -> list[str]:
+    """The master's last lines for the event: the resumed task's failure message quotes them
+    when the master pod (its log) is gone by then. Bounded: the event is stored."""
+    return [line[:TAIL_LINE_CHARS] for line in tail[-TAIL_LINES:]]
 
 
 def _master_log() -> Any:

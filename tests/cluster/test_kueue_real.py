@@ -16,10 +16,8 @@ from typing import Any
 import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.backends.mpijob import MPIJobBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
 from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import render_plan
 from airflow_mpi.runner import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
@@ -147,7 +145,7 @@ def spec_data(**fields: Any) -> dict[str, Any]:
 
 def make(backend: Any, **fields: Any) -> tuple[Any, Any]:
     spec, identity = MPIJobSpec.from_dict(spec_data(**fields)), RunIdentity("kdag", "train", f"r-{time.monotonic_ns()}")
-    plan = backend.render_plan(spec, identity) if isinstance(backend, MPIJobBackend) else render_plan(spec, identity)
+    plan = backend.render_plan(spec, identity)
     return backend, plan
 
 
@@ -155,8 +153,10 @@ def pods_backend(cluster: Cluster, namespace: str, **fields: Any) -> tuple[Kuber
     return make(KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace), **fields)
 
 
-def mpijob_backend(cluster: Cluster, namespace: str, **fields: Any) -> tuple[MPIJobBackend, Any]:
-    return make(MPIJobBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace), **fields)
+def mpijob_backend(cluster: Cluster, namespace: str, **fields: Any) -> tuple[KubernetesBackend, Any]:
+    return make(
+        KubernetesBackend(kind="mpijob", api_client=api_client(cluster.kubeconfig), namespace=namespace), **fields
+    )
 
 
 def raise_quota_once_held(queues: Queues, look: Callable[[], dict[str, Any]]) -> Callable[[], None]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.backends.mpijob import MPIJobBackend
+from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.runner import JobRunner
@@ -39,8 +39,8 @@ def left(cluster: Cluster, namespace: str) -> list[str]:
     return objects_left(cluster.api(), namespace, LEFT)
 
 
-def make(cluster: Cluster, namespace: str, **fields: Any) -> tuple[MPIJobBackend, Any]:
-    backend = MPIJobBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+def make(cluster: Cluster, namespace: str, **fields: Any) -> tuple[KubernetesBackend, Any]:
+    backend = KubernetesBackend(kind="mpijob", api_client=api_client(cluster.kubeconfig), namespace=namespace)
     data: dict[str, Any] = {
         "name": "mjreal",
         "image": "registry.example/airflow-mpi-train:0.1",

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.backends.volcano import VolcanoBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
@@ -69,7 +68,7 @@ def make(cluster: Cluster, namespace: str, kind: str, scheduling: dict[str, Any]
          **fields: Any) -> tuple[KubernetesBackend, JobPlan]:  # fmt: skip
     """The Volcano Job backend (``kind="volcano"``) or plain pods with ``gang: volcano``."""
     client = api_client(cluster.kubeconfig)
-    backend = (VolcanoBackend if kind == "volcano" else KubernetesBackend)(api_client=client, namespace=namespace)
+    backend = KubernetesBackend(kind=kind, api_client=client, namespace=namespace)
     data: dict[str, Any] = {
         "name": "vcreal",
         "image": "registry.example/airflow-mpi-train:0.1",

@@ -59,9 +59,9 @@ def _connections(double: KubeDouble, monkeypatch: pytest.MonkeyPatch) -> None:
     install_connections(monkeypatch, double, api_timeout=API_TIMEOUT)
     original = KubernetesBackend.teardown
 
-    def teardown(self: KubernetesBackend, job_name: str, namespace: str | None = None) -> None:
+    def teardown(self: KubernetesBackend, job_name: str) -> None:
         TEARDOWNS.append(time.monotonic())
-        original(self, job_name, namespace)
+        original(self, job_name)
 
     TEARDOWNS.clear()
     monkeypatch.setattr(KubernetesBackend, "teardown", teardown)

@@ -20,11 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from airflow_mpi.backends.cluster import Cluster
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.backends.mpijob import MPIJobBackend
-from airflow_mpi.backends.volcano import VolcanoBackend
 from airflow_mpi.cli import main
+from airflow_mpi.kinds import job_kind, kind_of
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan
 from airflow_mpi.runner import plan_for
@@ -38,11 +36,7 @@ from tests.k8s.test_gang import _crd_validator
 
 NS = "default"
 REPO = Path(__file__).resolve().parents[2]
-KINDS: dict[str, type[KubernetesBackend]] = {
-    "pods": KubernetesBackend,
-    "volcano": VolcanoBackend,
-    "mpijob": MPIJobBackend,
-}
+KINDS = ("pods", "volcano", "mpijob")
 Cli = Callable[..., tuple[int, str, str]]
 
 
@@ -78,7 +72,9 @@ class Jobs:
 
     def __init__(self, kube: KubeDouble, scripts: Scripts) -> None:
         self.kube, self.scripts = kube, scripts
-        self.backends = {kind: cls(api_client=api_client_for(kube), namespace=NS) for kind, cls in KINDS.items()}
+        self.backends = {
+            kind: KubernetesBackend(kind=kind, api_client=api_client_for(kube), namespace=NS) for kind in KINDS
+        }
         self.left: list[tuple[str, JobPlan]] = []
 
     def leave(self, kind: str, task: str, master: PodScript | None = None) -> JobPlan:
@@ -126,7 +122,7 @@ def jobs(kube: KubeDouble, scripts: Scripts) -> Iterator[Jobs]:
     left = Jobs(kube, scripts)
     yield left
     for kind, plan in left.left:
-        left.backends[kind].teardown(plan.job_name, NS)
+        left.backends[kind].teardown(plan.job_name)
     deadline = time.monotonic() + 15
     while everything(kube) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -334,10 +330,9 @@ def test_an_mpijobs_newest_launcher_pod_decides_its_phase() -> None:
         }
 
     old, new = launcher("zzzzz", "2027-01-15T06:00:00Z", "Failed"), launcher("aaaaa", "2027-01-15T06:00:09Z", "Running")
-    backend = MPIJobBackend(api_client=object(), namespace=NS)
-    states = backend.job_pod_states([old, new])
+    states = job_kind("mpijob").listed_states([old, new])
     assert [(s.name, s.phase.value) for s in states] == [(new["metadata"]["name"], "Running")]
-    assert len(KubernetesBackend(api_client=object()).job_pod_states([old, new])) == 2
+    assert len(job_kind("pods").listed_states([old, new])) == 2
     assert pod_state_from_k8s(old).phase.value == "Failed"
 
 
@@ -348,9 +343,8 @@ def test_each_backend_claims_its_jobs_objects_by_their_owner() -> None:
     def owned_by(api_version: str, kind: str) -> dict[str, Any]:
         return {"metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "j"}]}}
 
-    cluster = Cluster(KubernetesBackend(api_client=object()), NS)
     assert [
-        cluster.kind_of(obj)
+        kind_of(obj).name
         for obj in (
             owned_by("v1", "Service"),
             owned_by("batch.volcano.sh/v1alpha1", "Job"),
@@ -369,6 +363,6 @@ def test_a_volcano_jobs_workers_its_policy_is_deleting_do_not_count() -> None:
         return {"metadata": meta, "status": {"phase": phase, "containerStatuses": [{"state": {"running": {}}}]}}
 
     master, worker = pod("master", "Succeeded"), pod("worker", "Running", deleting=True)
-    backend = VolcanoBackend(api_client=object(), namespace=NS)
-    assert [state.name for state in backend.job_pod_states([master, worker])] == [master["metadata"]["name"]]
-    assert len(backend.job_pod_states([pod("master", "Running"), pod("worker", "Running")])) == 2
+    volcano = job_kind("volcano")
+    assert [state.name for state in volcano.listed_states([master, worker])] == [master["metadata"]["name"]]
+    assert len(volcano.listed_states([pod("master", "Running"), pod("worker", "Running")])) == 2

@@ -88,7 +88,7 @@ def cleanup(double: KubeDouble, backend: KubernetesBackend) -> Iterator[list[Job
     plans: list[JobPlan] = []
     yield plans
     for plan in plans:
-        backend.teardown(plan.job_name, "default")
+        backend.teardown(plan.job_name)
     deadline = time.monotonic() + 10
     while job_objects(double) and time.monotonic() < deadline:
         time.sleep(0.1)

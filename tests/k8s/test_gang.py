@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.backends.volcano import VolcanoBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout, MPIJobError
 from airflow_mpi.naming import RunIdentity
 from airflow_mpi.plan import JobPlan, render_plan
@@ -71,8 +70,8 @@ def make_plan(scheduling: dict[str, Any] | None = None, workers: int = 2, **fiel
     return render_plan(MPIJobSpec.from_dict(data), RunIdentity("gdag", "train", unique("run")))
 
 
-def volcano_backend(kube: KubeDouble) -> VolcanoBackend:
-    return VolcanoBackend(api_client=api_client_for(kube), namespace="default")
+def volcano_backend(kube: KubeDouble) -> KubernetesBackend:
+    return KubernetesBackend(kind="volcano", api_client=api_client_for(kube), namespace="default")
 
 
 def kubernetes_backend(kube: KubeDouble) -> KubernetesBackend:
@@ -265,7 +264,7 @@ def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeo
     assert trigger.decide(table) is None  # ...but the job is queued, not stuck
     assert trigger.deadline > time.time() + 25
     assert trigger.decide(PodTable()) is None  # no pods yet (Volcano: before admission)
-    bounded = MPIJobTrigger(**{**fields, "queue_deadline": time.time() - 1})
+    bounded = MPIJobTrigger(**{**fields, "queue_timeout": 1.0, "created_at": time.time() - 2})
     outcome = bounded.decide(table)
     assert outcome is not None and outcome["status"] == "timeout"
     assert "scheduling.queue_timeout" in outcome["reason"] and "pod group waits" in outcome["reason"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.backends.mpijob import MPIJobBackend
+from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout, LaunchError
 from airflow_mpi.mpijob import MPIJOB
 from airflow_mpi.naming import RunIdentity
@@ -45,15 +45,15 @@ def cluster(scripts: Scripts, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
 
 
 @pytest.fixture
-def backend(cluster: tuple[KubeDouble, MPIJobController]) -> MPIJobBackend:
-    return MPIJobBackend(api_client=api_client_for(cluster[0]), namespace=NS)
+def backend(cluster: tuple[KubeDouble, MPIJobController]) -> KubernetesBackend:
+    return KubernetesBackend(kind="mpijob", api_client=api_client_for(cluster[0]), namespace=NS)
 
 
 def left(kube: KubeDouble) -> list[str]:
     return [f"{plural}/{o['metadata']['name']}" for plural in LEFT_KINDS for o in kube.list_objects(plural, NS)]
 
 
-def make_plan(backend: MPIJobBackend, workers: int = 2, *, try_number: int = 1, **fields: Any) -> JobPlan:
+def make_plan(backend: KubernetesBackend, workers: int = 2, *, try_number: int = 1, **fields: Any) -> JobPlan:
     data: dict[str, Any] = {
         "name": "mj",
         "image": "registry.example/train:1",
@@ -66,7 +66,7 @@ def make_plan(backend: MPIJobBackend, workers: int = 2, *, try_number: int = 1, 
     return backend.render_plan(MPIJobSpec.from_dict(data), identity)
 
 
-def run(backend: MPIJobBackend, plan: JobPlan, log: list[str] | None = None) -> JobResult:
+def run(backend: KubernetesBackend, plan: JobPlan, log: list[str] | None = None) -> JobResult:
     return JobRunner(backend, plan, (log if log is not None else []).append).run()
 
 
@@ -75,7 +75,7 @@ def hello(*extra: str, exit_code: int = 0, delay: float = 0.0) -> PodScript:
 
 
 def test_a_job_succeeds_and_nothing_is_left(
-    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
 ) -> None:
     kube, controller = cluster
     scripts.on(LAUNCHER, hello('[1,0]<stdout>:AIRFLOW_MPI_RESULT {"loss": 0.1}'))
@@ -94,7 +94,7 @@ def test_a_job_succeeds_and_nothing_is_left(
 
 
 def test_a_rank_failure_names_the_rank_and_its_pod(
-    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
 ) -> None:
     output = (
         "[1,1]<stderr>:ValueError: bad batch",
@@ -112,7 +112,7 @@ def test_a_rank_failure_names_the_rank_and_its_pod(
 
 
 def test_an_evicted_worker_ends_the_job_naming_it(
-    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
 ) -> None:
     kube, controller = cluster
     scripts.on(LAUNCHER, PodScript(lines=lambda: iter(["[1,0]<stdout>:training"])))  # runs until ended
@@ -130,7 +130,7 @@ def test_an_evicted_worker_ends_the_job_naming_it(
 
 
 def test_a_job_past_its_timeout_ends_naming_the_timeout(
-    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
 ) -> None:
     scripts.on(LAUNCHER, PodScript(lines=lambda: iter(["[1,0]<stdout>:still going"])))  # never ends by itself
     plan = make_plan(backend, workers=1, timeout=2)
@@ -143,14 +143,14 @@ def test_a_job_past_its_timeout_ends_naming_the_timeout(
 
 
 def test_a_suspended_mpijob_is_queued_until_resumed(
-    backend: MPIJobBackend,
+    backend: KubernetesBackend,
     cluster: tuple[KubeDouble, MPIJobController],
     scripts: Scripts,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Kueue submits an MPIJob suspended and resumes it once admitted: until then no pod exists
     and the task says it waits for admission, whatever startup_timeout says."""
-    import airflow_mpi.backends.mpijob as module
+    import airflow_mpi.kinds as module
 
     kube, _ = cluster
     scripts.on(LAUNCHER, hello())
@@ -205,11 +205,11 @@ def _set_suspend(kube: KubeDouble, name: str, suspend: bool) -> None:
 
 
 def test_an_mpijob_the_controller_refuses_fails_with_its_event(
-    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], monkeypatch: pytest.MonkeyPatch
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A spec the controller rejects gets only a ValidationError event: the task fails with it at
     once instead of waiting for pods that never come."""
-    import airflow_mpi.backends.mpijob as module
+    import airflow_mpi.kinds as module
 
     original = module.render_mpijob_manifests
 
@@ -226,9 +226,9 @@ def test_an_mpijob_the_controller_refuses_fails_with_its_event(
 
 
 def test_no_controller_fails_after_the_grace_instead_of_waiting_forever(
-    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], monkeypatch: pytest.MonkeyPatch
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import airflow_mpi.backends.mpijob as module
+    import airflow_mpi.kinds as module
 
     cluster[1].stop()
     monkeypatch.setattr(module, "CONTROLLER_GRACE", 1.0)
@@ -264,7 +264,7 @@ def test_a_retry_after_the_worker_died_reattaches_to_the_running_mpijob(
     run_id = unique("crash")
     # The first try: created the MPIJob and streamed part of the log, then its process died
     # (nothing of it runs on; the MPIJob does).
-    first = MPIJobBackend(api_client=api_client_for(kube), namespace=NS)
+    first = KubernetesBackend(kind="mpijob", api_client=api_client_for(kube), namespace=NS)
     identity = RunIdentity("mdag", "train", run_id, try_number=1)
     plan = first.render_plan(MPIJobSpec.from_dict(spec), identity)
     runner = JobRunner(first, plan, [].append)
@@ -299,14 +299,14 @@ def test_jobs_succeed_through_airflow_waiting_and_deferred_in_host_and_hostfile_
 
 
 def test_the_launcher_jobs_deadline_ends_the_task_with_the_mpijobs_reason(
-    backend: MPIJobBackend,
+    backend: KubernetesBackend,
     cluster: tuple[KubeDouble, MPIJobController],
     scripts: Scripts,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Past ``runPolicy.activeDeadlineSeconds`` the launcher Job deletes its pod: the task names
     the MPIJob's Failed reason, not just a deleted pod."""
-    import airflow_mpi.backends.mpijob as module
+    import airflow_mpi.kinds as module
 
     original = module.render_mpijob_manifests
 
@@ -325,7 +325,7 @@ def test_the_launcher_jobs_deadline_ends_the_task_with_the_mpijobs_reason(
 
 
 def test_a_sensor_in_another_task_finds_the_job_by_name(
-    backend: MPIJobBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
 ) -> None:
     """``SshdReadySensor`` asks a backend that did not create the job (by its name alone)."""
     from airflow_mpi.runner import check_sshd_once
@@ -337,7 +337,7 @@ def test_a_sensor_in_another_task_finds_the_job_by_name(
     runner.create()
     try:
         runner.wait_ready()
-        other = MPIJobBackend(api_client=api_client_for(kube), namespace=NS)
+        other = KubernetesBackend(kind="mpijob", api_client=api_client_for(kube), namespace=NS)
         report = check_sshd_once(other, plan.job_name)
         other.release(plan.job_name)
         assert report.ready and report.failure is None

@@ -1,36 +1,53 @@
 """The trigger's gang additions inside its bounded structure: a queued gang's missing pods are not
-a deleted job, the watch wakes at the queue deadline, and the new kwargs serialize."""
+a deleted job, the watch wakes when the allowed queue wait ends, and the kwargs serialize."""
 
 from __future__ import annotations
 
 import time
 
 from airflow_mpi.events import STATUS_ERROR, STATUS_TIMEOUT
+from tests.k8s.test_gang import _waiting_pod
 from tests.k8s.test_trigger import table, trigger
+
+QUEUED = (_waiting_pod("job-1-master-0", "master"), _waiting_pod("job-1-worker-0", "worker"))
 
 
 def test_a_queued_gang_without_pods_is_not_a_vanished_job() -> None:
-    gang = trigger(gang=True, queue_deadline=time.time() + 60)
+    gang = trigger(gang=True, queue_timeout=60)
     assert gang._vanished(table()) is None
     assert gang.decide(table()) is None  # queued: keeps waiting
     plain = trigger()
     assert (plain._vanished(table()) or {}).get("status") == STATUS_ERROR
 
 
-def test_the_watch_wakes_at_the_queue_deadline_when_it_comes_first() -> None:
+def test_the_watch_wakes_when_the_allowed_queue_wait_ends_if_that_comes_first() -> None:
     now = time.time()
-    assert trigger(gang=True, deadline=now + 30, queue_deadline=now + 5)._wake() == now + 5
-    assert trigger(gang=True, deadline=now + 30, queue_deadline=None)._wake() == now + 30
-    late = trigger(gang=True, deadline=now + 30, queue_deadline=now - 1)
-    assert (late.decide(table()) or {}).get("status") == STATUS_TIMEOUT
+    queued = trigger(gang=True, deadline=now + 30, queue_timeout=5, created_at=now)
+    assert queued._wake() == now + 30  # not seen queued yet
+    assert queued.decide(table(*QUEUED)) is None
+    assert queued._wake() == now + 5  # queued since its creation
+    unbounded = trigger(gang=True, deadline=now + 30, created_at=now)
+    assert unbounded.decide(table(*QUEUED)) is None
+    assert unbounded._wake() >= now + 30  # the deadline moves on while queued
+    late = trigger(gang=True, deadline=now + 30, queue_timeout=5, created_at=now - 6)
+    outcome = late.decide(table(*QUEUED)) or {}
+    assert (outcome.get("status"), outcome.get("queued")) == (STATUS_TIMEOUT, True)
+    assert outcome["reason"].startswith("MPI job job-1 waited 6s for admission, past scheduling.queue_timeout (5s)")
 
 
-def test_serialized_kwargs_carry_gang_queue_deadline_custom_objects_and_api_timeout() -> None:
+def test_serialized_kwargs_carry_kind_gang_queue_custom_objects_and_api_timeout() -> None:
     kinds = [["batch.volcano.sh", "v1alpha1", "jobs"]]
-    _, kwargs = trigger(gang=True, queue_deadline=123.0, custom_objects=kinds, api_timeout=7.0).serialize()
-    assert (kwargs["gang"], kwargs["queue_deadline"], kwargs["custom_objects"], kwargs["api_timeout"]) == (
-        True,
-        123.0,
-        kinds,
-        7.0,
+    made = trigger(
+        kind="volcano", gang=True, queue_timeout=60.0, created_at=123.0, custom_objects=kinds, api_timeout=7.0
     )
+    _, kwargs = made.serialize()
+    assert {
+        key: kwargs[key] for key in ("kind", "gang", "queue_timeout", "created_at", "custom_objects", "api_timeout")
+    } == {
+        "kind": "volcano",
+        "gang": True,
+        "queue_timeout": 60.0,
+        "created_at": 123.0,
+        "custom_objects": kinds,
+        "api_timeout": 7.0,
+    }

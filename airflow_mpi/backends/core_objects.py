@@ -1,0 +1,264 @@
+"""Core objects (Services, Secrets, ConfigMaps, pods, events, pod logs) through ``CoreV1Api``:
+the one place that makes a Kubernetes request, bounded and translated alike for every caller
+(the backend, the cluster CLI, the connection test, ``CustomObjects``).
+
+Every request carries a read timeout; 429/5xx answers and connection failures are retried until
+the API has been silent for ``api_timeout`` seconds (``ApiSilence``), then ``BackendUnreachable``;
+any other error is translated into what to change (``k8s_errors.translate``). Plain JSON in and
+out: no generated model objects (a pod's are large, and their parsing slow).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+from airflow_mpi import contract
+from airflow_mpi.backends.k8s_errors import (
+    CONFLICT,
+    FORBIDDEN,
+    NOT_FOUND,
+    ApiRequest,
+    ApiSilence,
+    api_status,
+    deleted,
+    is_transient,
+    read_or_none,
+    retry_delay,
+    translate,
+)
+from airflow_mpi.exceptions import BackendError, LaunchError
+from airflow_mpi.naming import LABEL_JOB
+
+Obj = dict[str, Any]
+# Each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
+CORE_PLURALS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
+TAIL_READ_TIMEOUT = 10.0  # a failure message's "last lines" are not worth a longer wait
+
+
+class AlreadyExists(LaunchError):
+    """A create found the object there (``existing``: it as read, or None)."""
+
+    def __init__(self, message: str, existing: Obj | None) -> None:
+        super().__init__(message)
+        self.existing = existing
+
+
+class CoreObjects:
+    """Create, read, replace, list, delete core objects; events; pod logs."""
+
+    def __init__(self, api_client: Any, silence: ApiSilence) -> None:
+        self.api_client = api_client
+        self.silence = silence
+
+    @property
+    def api_url(self) -> str:
+        return str(self.api_client.configuration.host)
+
+    @cached_property
+    def core(self) -> Any:
+        from kubernetes.client import CoreV1Api
+
+        return CoreV1Api(self.api_client)
+
+    def request(self, call: Callable[[tuple[float, float]], Any], since: float | None = None) -> Any:
+        """Make one request (``call(request_timeout)``), retrying 429/5xx answers and connection
+        failures until the API has been silent for ``api_timeout`` since ``since`` (default: now),
+        then ``BackendUnreachable``. Any other error is the caller's to read (404, 409 ...)."""
+        since = time.monotonic() if since is None else since
+        attempt = 0
+        while True:
+            try:
+                result = call(self.silence.request_timeout(since))
+            except Exception as error:
+                self.silence.failed(error)
+                if not is_transient(error):
+                    raise
+                if self.silence.exceeded(since):
+                    raise self.silence.error(since) from error
+                time.sleep(min(retry_delay(error, attempt), max(0.0, self.silence.left(since))))
+                attempt += 1
+                continue
+            self.silence.answered()
+            return result
+
+    def _api(self, verb: str, plural: str) -> Callable[..., Any]:
+        return getattr(self.core, f"{verb}_namespaced_{CORE_PLURALS[plural]}")  # type: ignore[no-any-return]
+
+    def create(self, namespace: str, plural: str, manifest: Obj) -> Obj:
+        """POST. A 409 after a retried POST means the first attempt went through: the existing
+        object is returned when it is this job's (same job label); otherwise ``AlreadyExists``."""
+        create = self._api("create", plural)
+        name = manifest["metadata"]["name"]
+        attempts = 0
+
+        def post(timeout: tuple[float, float]) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return create(namespace, manifest, _preload_content=False, _request_timeout=timeout)
+
+        try:
+            return dict(json.loads(self.request(post).data))
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) == CONFLICT:
+                existing = self.get(namespace, plural, name)
+                if attempts > 1 and existing is not None and same_job(existing, manifest):
+                    return existing
+                raise AlreadyExists(f"{plural[:-1]} {name} already exists in {namespace}", existing) from error
+            raise translate(error, ApiRequest("create", plural, namespace, name), self.api_url) from error
+
+    def get(self, namespace: str, plural: str, name: str) -> Obj | None:
+        """The object, or None when it is not there."""
+        read = self._api("read", plural)
+        return read_or_none(
+            lambda: self.request(
+                lambda timeout: read(name, namespace, _preload_content=False, _request_timeout=timeout)
+            ),
+            ApiRequest("get", plural, namespace, name),
+            self.api_url,
+        )
+
+    def replace(self, namespace: str, plural: str, obj: Obj) -> None:
+        replace = self._api("replace", plural)
+        name = obj["metadata"]["name"]
+        try:
+            self.request(
+                lambda timeout: replace(name, namespace, obj, _preload_content=False, _request_timeout=timeout)
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("update", plural, namespace, name), self.api_url) from error
+
+    def list(self, namespace: str, plural: str, selector: str, since: float | None = None) -> list[Obj]:
+        """One list by label selector (bounded by ``api_timeout`` from ``since``, default now)."""
+        list_ = self._api("list", plural)
+        try:
+            response = self.request(
+                lambda timeout: list_(
+                    namespace, label_selector=selector, _preload_content=False, _request_timeout=timeout
+                ),
+                since,
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("list", plural, namespace), self.api_url) from error
+        return list(json.loads(response.data).get("items") or [])
+
+    def delete(self, namespace: str, plural: str, name: str, since: float | None = None, propagation: str = "") -> bool:
+        """DELETE one object (bounded by ``api_timeout`` from ``since``); False if it was gone."""
+        from kubernetes.client import V1DeleteOptions
+
+        delete = self._api("delete", plural)
+        body = V1DeleteOptions(propagation_policy=propagation) if propagation else None
+        return deleted(
+            lambda: self.request(
+                lambda timeout: delete(name, namespace, body=body, _preload_content=False, _request_timeout=timeout),
+                since,
+            ),
+            ApiRequest("delete", plural, namespace, name),
+            self.api_url,
+        )
+
+    def events(self, namespace: str, field_selector: str) -> builtins.list[Obj]:
+        try:
+            response = self.request(
+                lambda timeout: self.core.list_namespaced_event(
+                    namespace, field_selector=field_selector, _preload_content=False, _request_timeout=timeout
+                )
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("list", "events", namespace), self.api_url) from error
+        return list(json.loads(response.data).get("items") or [])
+
+    def rules_review(self, namespace: str) -> Obj | None:
+        """A SelfSubjectRulesReview's status for ``namespace``; None when reviews are not allowed
+        or not served (the requests themselves will say what is missing)."""
+        from kubernetes.client import AuthorizationV1Api
+
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectRulesReview",
+            "spec": {"namespace": namespace},
+        }
+        api = AuthorizationV1Api(self.api_client)
+        try:
+            response = self.request(
+                lambda timeout: api.create_self_subject_rules_review(
+                    review, _preload_content=False, _request_timeout=timeout
+                )
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            if api_status(error) in (FORBIDDEN, NOT_FOUND):
+                return None
+            raise translate(error, ApiRequest("create", "selfsubjectrulesreviews", namespace), self.api_url) from error
+        return dict(json.loads(response.data or b"{}").get("status") or {})
+
+    # --- pod logs ---------------------------------------------------------------------------
+
+    def open_log(self, namespace: str, pod: str, since_time: str | None, read_timeout: float) -> Any:
+        """The pod's log as a followed stream, each line stamped (``timestamps=true``), from
+        ``since_time`` (RFC 3339) when given. The caller reads and closes the response."""
+        query = [("container", contract.CONTAINER_NAME), ("follow", "true"), ("timestamps", "true")]
+        if since_time:
+            query.append(("sinceTime", since_time))  # the client has no since_time parameter
+        return self.api_client.call_api(
+            f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+            "GET",
+            query_params=query,
+            header_params={"Accept": "*/*"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=self.silence.request_timeout(time.monotonic(), read=read_timeout),
+        )
+
+    def read_log(self, namespace: str, pod: str) -> bytes:
+        """The pod's whole log as it is now (translated errors; 404 when the pod is not there)."""
+        try:
+            response = self.request(
+                lambda timeout: self.core.read_namespaced_pod_log(
+                    pod, namespace, container=contract.CONTAINER_NAME, _preload_content=False, _request_timeout=timeout
+                )
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("get", "pods/log", namespace, pod), self.api_url) from error
+        return bytes(response.data)
+
+    def log_tail(self, namespace: str, pod: str, lines: int = 20) -> builtins.list[str]:
+        """The pod's last lines, for a failure message: [] when they cannot be had quickly."""
+        for _ in range(2):  # one retry: a pooled connection the server has closed meanwhile
+            try:
+                response = self.core.read_namespaced_pod_log(
+                    pod,
+                    namespace,
+                    container=contract.CONTAINER_NAME,
+                    tail_lines=lines,
+                    _preload_content=False,
+                    _request_timeout=self.silence.request_timeout(time.monotonic(), read=TAIL_READ_TIMEOUT),
+                )
+            except Exception as error:
+                if is_transient(error):
+                    continue
+                return []
+            return [line for line in response.data.decode("utf-8", "replace").splitlines() if line.strip()]
+        return []
+
+
+def same_job(existing: Obj, manifest: Obj) -> bool:
+    """Whether an object found in a create's place carries the job label the manifest does."""
+    ours = manifest["metadata"].get("labels", {}).get(LABEL_JOB)
+    return bool(ours) and (existing.get("metadata", {}).get("labels") or {}).get(LABEL_JOB) == ours

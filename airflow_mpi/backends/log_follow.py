@@ -1,0 +1,121 @@
+"""The master's log, live, for the waiting backend: one followed stream, resumed after a drop or a
+quiet read timeout from the last line's own timestamp and byte offset (``LogCursor``), so no
+line is shown twice or lost whatever the clock skew; cut lines and ``\\r`` progress bars go on
+where they stopped (``RankLineSplitter``). The deferred trigger follows the same way on its event
+loop (``triggers.logfollow``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+from airflow_mpi.backends.k8s_errors import BAD_REQUEST, NOT_FOUND, ApiRequest, ApiSilence, api_status, is_transient
+from airflow_mpi.backends.k8s_errors import translate as translate_error
+from airflow_mpi.backends.pod_watch import WatchedJob
+from airflow_mpi.logcursor import TimestampedLogSplitter
+from airflow_mpi.status import PodPhase, PodState
+
+EOF = object()
+# A pod that cannot start shows it in its waiting reason: its log will never open.
+NEVER_STARTS = ("Err", "Image", "Invalid")
+
+
+class MasterLogFollow:
+    """Follows one job's master log. ``master_state()`` reads the master's state from the watch
+    (raising when the watch ended); ``open_log(since)`` opens the stream (``since``: the cursor's
+    RFC 3339 resume point, or None)."""
+
+    def __init__(
+        self,
+        job: WatchedJob,
+        master_state: Callable[[], PodState],
+        open_log: Callable[[str | None], Any],
+        silence: ApiSilence,
+    ) -> None:
+        self.job, self.master_state, self.open_log, self.silence = job, master_state, open_log, silence
+
+    def batches(self, idle_tick: float) -> Iterator[list[str]]:
+        """Batches of new lines (``[]`` every ``idle_tick`` when none came: the caller's turn),
+        until the master has ended and its stream ended cleanly, or the pod is gone."""
+        job, reconnects = self.job, 0
+        while True:
+            state = self.master_state()
+            if state.phase is PodPhase.PENDING and not state.reason.startswith(NEVER_STARTS):
+                job.watcher.wait(idle_tick)
+                yield []
+                continue
+            if state.reason == "Deleted":
+                return
+            try:
+                response = self.open_log(job.cursor.resume())
+                self.silence.answered()
+            except Exception as error:
+                self.silence.failed(error)
+                status = api_status(error)
+                if status == NOT_FOUND or (state.ended and status == BAD_REQUEST):
+                    return  # gone, or ended without ever starting (e.g. an image error)
+                if status == BAD_REQUEST or is_transient(error):
+                    # 400: the container is not up yet. A transient failure is bounded by the
+                    # watch: master_state raises once the API has been silent for api_timeout.
+                    job.watcher.wait(min(0.2 * (reconnects + 1), 2.0))
+                    reconnects += 1
+                    yield []
+                    continue
+                request = ApiRequest("get", "pods/log", job.namespace, job.master)
+                raise translate_error(error, request, self.silence.api_url) from error
+            clean = yield from self._read_stream(response, idle_tick)
+            if clean and self.master_state().ended:
+                return
+            reconnects += 1
+            job.watcher.wait(0.2 if clean else 0.05)  # let the watch catch up with the pod's end
+            # The runner's turn: a stream that keeps ending at once (a node that lost the
+            # container while its pod says Running) must not keep its timeout from running.
+            yield []
+
+    def _read_stream(self, response: Any, idle_tick: float) -> Generator[list[str], None, bool]:
+        """Yield batches of new lines; returns True on a clean end of stream, False on a drop."""
+        job = self.job
+        chunks: queue.Queue[Any] = queue.Queue(maxsize=64)  # bounded: ~4 MB in flight at most
+
+        def read() -> None:
+            try:
+                for chunk in response.stream(65536, decode_content=False):
+                    chunks.put(chunk)
+                chunks.put(EOF)
+            except Exception as error:
+                chunks.put(error)
+
+        reader = threading.Thread(target=read, name=f"log-{job.master}", daemon=True)
+        reader.start()
+        # Bytes after each line's stamp go on to the job's splitter as they come: a line that
+        # never ends (a progress bar) costs no memory, and a resumed stream skips, to the byte,
+        # what the cursor says was read (a line broken off by a drop goes on where it stopped).
+        stream = TimestampedLogSplitter(job.cursor, job.lines)
+        clean = False
+        try:
+            while True:
+                try:
+                    item = chunks.get(timeout=idle_tick)
+                except queue.Empty:
+                    yield []
+                    continue
+                if item is EOF:
+                    clean = True
+                    break
+                if isinstance(item, Exception):
+                    break
+                batch: list[str] = stream.feed(item)
+                batch += job.lines.progress()
+                if batch:
+                    yield batch
+        finally:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+            with contextlib.suppress(Exception):
+                response.release_conn()
+            reader.join(2)
+        return clean

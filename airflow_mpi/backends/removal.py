@@ -1,0 +1,138 @@
+"""Removing a job from a cluster, for every kind: delete its top object (the garbage collector
+takes what it owns), wait until its pods are gone, delete directly what a slow or absent
+collector left (the Secret holds the job's private key), and list what is still there.
+
+Bounded: when the API refuses or stays silent for ``api_timeout``, the error is raised with
+what to delete by hand; the caller reports it as left over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+from airflow_mpi.backends.core_objects import CoreObjects
+from airflow_mpi.backends.custom_objects import CustomObjects
+from airflow_mpi.backends.pod_watch import WatchedJob
+from airflow_mpi.exceptions import BackendError
+from airflow_mpi.gang import KUEUE_WORKLOAD
+from airflow_mpi.kinds import JobKind
+from airflow_mpi.naming import job_selector
+from airflow_mpi.spec import Gang
+
+_log = logging.getLogger(__name__)
+TEARDOWN_WAIT = 60.0  # for the pods to go once the API has accepted the delete
+GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the owner Service is gone
+
+
+class JobRemoval:
+    """Removes jobs of one kind through the backend's clients."""
+
+    def __init__(self, objects: CoreObjects, custom: CustomObjects, kind: JobKind) -> None:
+        self.objects, self.custom, self.kind = objects, custom, kind
+
+    def remove(self, job: WatchedJob | None, job_name: str, namespace: str) -> None:
+        """Delete the job's top object (the rest goes with it) and wait until its pods are gone
+        (``job``: its watch, when this process has one)."""
+        top = self.kind.top
+        if top is not None:  # foreground: it is gone only once everything it owns is
+            self.custom.delete(namespace, top, job_name, propagation="Foreground")
+        self._remove_core(job, job_name, namespace)
+        if top is not None:
+            self.custom.wait_gone(namespace, top, job_name, TEARDOWN_WAIT)
+
+    def _remove_core(self, job: WatchedJob | None, job_name: str, namespace: str) -> None:
+        """Delete the Service (the ``pods`` kind's owner; a controller's kind may have one by
+        the job's name) and Kueue's Workload, then wait for the pods."""
+        since = time.monotonic()
+        try:
+            try:
+                self.objects.delete(namespace, "services", job_name, since, propagation="Background")
+            except BackendError as error:
+                raise type(error)(
+                    f"{error}; then delete the Service {job_name} in namespace {namespace} (kubectl delete service "
+                    f"{job_name} -n {namespace}): the job's other objects and pods go with it"
+                ) from error
+            failed: BackendError | None = None
+            try:  # before the wait: Kueue's finalizer holds the pods until its Workload goes
+                if job is not None and job.plan is not None and job.plan.spec.scheduling.gang is Gang.KUEUE:
+                    self.custom.delete(namespace, KUEUE_WORKLOAD, job_name, since=since)
+            except BackendError as error:
+                failed = error
+            if job is None:
+                if failed is not None:
+                    raise failed
+                return
+            watcher = job.watcher
+            deadline = time.monotonic() + TEARDOWN_WAIT
+            with watcher.cond:
+                while watcher.table.pods and time.monotonic() < deadline and watcher.alive:
+                    watcher.cond.wait(0.5)
+                left = list(watcher.table.pods) if watcher.alive else None
+            if left is None:  # no watch to tell: ask; if the API will not say, the collector has them
+                with contextlib.suppress(BackendError):
+                    pods = self.objects.list(namespace, "pods", job_selector(job_name), since)
+                    left = [p["metadata"]["name"] for p in pods]
+            job.final_pods = left or []
+            if job.final_pods:
+                failed = self._delete_without_collector(namespace, job_name, job.final_pods, since) or failed
+            if failed is not None:
+                raise failed
+        finally:
+            if job is not None:
+                job.watcher.stop()
+
+    def _delete_without_collector(
+        self, namespace: str, job_name: str, pods: list[str], since: float
+    ) -> BackendError | None:
+        """The garbage collector did not remove the job's pods in ``TEARDOWN_WAIT``: it is slow or
+        not running. Delete the pods and the objects the Service owned (the Secret holds the job's
+        private key) directly, and say so."""
+        _log.warning(
+            "the garbage collector did not delete the pods of job %s within %.0f s (is kube-controller-manager "
+            "running?): deleting the job's pods, Secret and ConfigMap directly",
+            job_name,
+            TEARDOWN_WAIT,
+        )
+        failed: BackendError | None = None
+        objects = [("pods", pod) for pod in pods]
+        for plural in ("secrets", "configmaps"):
+            with contextlib.suppress(BackendError):
+                listed = self.objects.list(namespace, plural, job_selector(job_name), since)
+                objects += [(plural, o["metadata"]["name"]) for o in listed]
+        for plural, name in objects:
+            try:
+                self.objects.delete(namespace, plural, name, since)
+            except BackendError as error:
+                failed = failed or error
+        return failed
+
+    def leftovers(self, job: WatchedJob | None, job_name: str, namespace: str) -> list[str]:
+        """What of the job still exists, by listing: our Services, Secrets and ConfigMaps (and
+        the pods the watch saw last), then what the kind's controller made. Dependents of a
+        Service already gone are given ``GC_SETTLE`` seconds: the collector takes them shortly."""
+        selector = job_selector(job_name)
+        since = time.monotonic()
+        plurals = ("services", "secrets", "configmaps", *(("pods",) if job is None or job.final_pods else ()))
+        while True:
+            found = [
+                f"{plural[:-1]} {o['metadata']['name']}"
+                for plural in plurals
+                for o in self.objects.list(namespace, plural, selector, since)
+            ]
+            owner_there = any(item.startswith("service ") for item in found)
+            if not found or owner_there or time.monotonic() - since >= GC_SETTLE:
+                break
+            time.sleep(0.2)
+        kind = self.kind
+        if kind.top is None:
+            return found
+        if self.custom.get(namespace, kind.top, job_name) is not None:
+            found.append(f"{kind.top_label} {job_name}")
+        for plural, query in kind.extra_leftover_queries(job_name):
+            found += [f"{plural[:-1]} {o['metadata']['name']}" for o in self.objects.list(namespace, plural, query)]
+        for plural, name in kind.leftover_names(job_name):
+            if self.objects.get(namespace, plural, name) is not None:
+                found.append(f"{plural[:-1]} {name}")
+        return sorted(set(found))
