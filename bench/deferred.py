@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlparse
 
 from k8s_double import Double, backend_for, plan_for
 
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.runner.job import JobRunner
 
 
 def master_exit_time(double: Double, pod: str) -> float:

@@ -25,8 +25,8 @@ from typing import Any
 from deferred import start_triggerer, trigger_kwargs
 from k8s_double import Double, backend_for, plan_for
 
-from airflow_mpi.masterlog import OutputPlan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.observe.master_output import OutputPlan
+from airflow_mpi.runner.job import JobRunner
 
 WARMUP = 3.0  # seconds in which the triggers start and the masters are released: blocks counted apart
 
@@ -117,7 +117,7 @@ def waiting_process_rss(double: Double, rate: float, seconds: float = 3.0) -> fl
         "sys.path.insert(0, sys.argv[1])\n"
         "import airflow.sdk, airflow_mpi.operators.mpi\n"
         "from k8s_double import backend_for, plan_for\n"
-        "from airflow_mpi.runner import JobRunner\n"
+        "from airflow_mpi.runner.job import JobRunner\n"
         "class D: url = sys.argv[2]\n"
         "log = logging.getLogger('task')\n"
         "JobRunner(backend_for(D()), plan_for(1, 'waiting'), log.info).run()\n"

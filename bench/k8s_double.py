@@ -28,13 +28,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.naming import LABEL_ROLE, RunIdentity, job_selector
-from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import LABEL_ROLE, RunIdentity, job_selector
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.job.ssh import KeyPair, SshMaterial
+from airflow_mpi.job.topology import build_topology
+from airflow_mpi.observe.status import PodTable
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.ssh import KeyPair, SshMaterial
-from airflow_mpi.status import PodTable
-from airflow_mpi.topology import build_topology
 
 REPO = Path(__file__).resolve().parents[1]  # tests.doubles is imported from the checkout
 
@@ -80,7 +80,7 @@ def plan_for(workers: int, name: str = "bench") -> Any:
     )
     identity = RunIdentity("bench", "train", f"r-{time.time_ns()}")
     # Fixed keys: generating 1000 host keys is not what is measured here.
-    from airflow_mpi.naming import build_job_name
+    from airflow_mpi.job.naming import build_job_name
 
     pods = build_topology(spec, build_job_name(spec.name, identity)).pods
     key = KeyPair("-----BEGIN OPENSSH PRIVATE KEY-----\nbench\n", "ssh-ed25519 AAAAbench bench")
@@ -143,7 +143,7 @@ def bare_api(double: Double, workers: int) -> dict[str, float]:
     the backend does), poll the pod list until every worker is Ready, then DELETE each object."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from airflow_mpi.manifests import render_manifests
+    from airflow_mpi.kinds.manifests import render_manifests
 
     double.call("/_double/reset", {})
     plan = plan_for(workers, "bare")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from k8s_double import CountingHandler, Double, backend_for, plan_for, stream
 from kubernetes import client
 
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.runner.job import JobRunner
 
 DROP_RATE = 5_000.0  # lines/s the master prints while its log streams are being cut
 

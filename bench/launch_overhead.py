@@ -18,11 +18,11 @@ from pathlib import Path
 from _state import STATE_DIR, remove_state_dir
 
 from airflow_mpi.backends.local import LocalBackend
-from airflow_mpi.naming import RunIdentity, build_pod_name
-from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity, build_pod_name
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.job.topology import render_mpi_hosts
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec, Role
-from airflow_mpi.topology import render_mpi_hosts
 
 
 def spec(command: list[str], workers: int = 2) -> MPIJobSpec:

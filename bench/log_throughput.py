@@ -21,9 +21,9 @@ from pathlib import Path
 from _state import STATE_DIR, remove_state_dir
 
 from airflow_mpi.backends.local import LocalBackend
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 
 

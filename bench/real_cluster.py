@@ -24,8 +24,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend  # noqa: E402
-from airflow_mpi.naming import RunIdentity  # noqa: E402
-from airflow_mpi.runner import JobRunner, plan_for  # noqa: E402
+from airflow_mpi.job.naming import RunIdentity  # noqa: E402
+from airflow_mpi.runner.job import JobRunner  # noqa: E402
+from airflow_mpi.runner.retries import plan_for  # noqa: E402
 from airflow_mpi.spec import MPIJobSpec  # noqa: E402
 from tests.cluster.cluster import Cluster, built  # noqa: E402
 from tests.cluster.conftest import api_client  # noqa: E402

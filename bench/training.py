@@ -28,11 +28,11 @@ from _state import STATE_DIR, remove_state_dir
 from launch_overhead import _master_init, _quietly
 
 from airflow_mpi.backends.local import LocalBackend
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.job.topology import render_mpi_hosts
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.topology import render_mpi_hosts
 
 SCRIPT = Path(__file__).resolve().parent.parent / "dags" / "scripts" / "train_digits.py"
 DATA = Path("/var/tmp/airflow-mpi-bench-train")

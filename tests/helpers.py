@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan, render_plan
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.job.ssh import KeyPair, SshMaterial
+from airflow_mpi.job.topology import build_topology
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.ssh import KeyPair, SshMaterial
-from airflow_mpi.topology import build_topology
 
 IDENTITY = RunIdentity("dag", "train", "manual__2026-01-01T00:00:00+00:00")
 
@@ -21,7 +21,7 @@ def spec_from(**fields: Any) -> MPIJobSpec:
 
 def fixed_ssh(spec: MPIJobSpec, identity: RunIdentity = IDENTITY) -> SshMaterial:
     """Deterministic keys, so rendered files can be compared with golden text."""
-    from airflow_mpi.naming import build_job_name
+    from airflow_mpi.job.naming import build_job_name
 
     pods = build_topology(spec, build_job_name(spec.name, identity)).pods
     return SshMaterial(

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi import plan as plan_module
-from airflow_mpi.cli import main
-from airflow_mpi.ssh import SshMaterial
+from airflow_mpi.cli.main import main
+from airflow_mpi.job import plan as plan_module
+from airflow_mpi.job.ssh import SshMaterial
 
 
 class KeyRecorder:

@@ -55,9 +55,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--log", required=True)
     args = parser.parse_args(argv)
 
-    from airflow_mpi.naming import RunIdentity
-    from airflow_mpi.plan import render_plan
-    from airflow_mpi.runner import JobRunner
+    from airflow_mpi.job.naming import RunIdentity
+    from airflow_mpi.job.plan import render_plan
+    from airflow_mpi.runner.job import JobRunner
     from airflow_mpi.spec import MPIJobSpec
 
     plan = render_plan(MPIJobSpec.from_dict(json.loads(args.spec)), RunIdentity("probe", "train", uuid.uuid4().hex))

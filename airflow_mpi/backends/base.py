@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from airflow_mpi.kinds import JobKind
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.readiness import HostProbe
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.kinds.strategy import JobKind
+from airflow_mpi.observe.readiness import HostProbe
+from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.status import PodState
 
 
 @runtime_checkable

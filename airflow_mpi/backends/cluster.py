@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, explain
 from airflow_mpi.backends.kubernetes import KubernetesBackend, Obj
 from airflow_mpi.exceptions import JobNotFound
-from airflow_mpi.jobtable import MANAGED_SELECTOR, JobRow, summarize_job
-from airflow_mpi.kinds import KINDS, kind_of
-from airflow_mpi.logstream import split_tag
-from airflow_mpi.naming import LABEL_JOB, job_selector
-from airflow_mpi.podlog import PartialLine, RankLineSplitter
+from airflow_mpi.job.naming import LABEL_JOB, job_selector
+from airflow_mpi.kinds.strategy import KINDS, kind_of
+from airflow_mpi.observe.jobtable import MANAGED_SELECTOR, JobRow, summarize_job
+from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
+from airflow_mpi.observe.output import split_tag
 
 JOB_PLURALS = ("secrets", "configmaps", "pods")  # what every backend's job has with our job label
 CORE_KINDS = {"service": "services", "secret": "secrets", "configmap": "configmaps", "pod": "pods"}

@@ -32,7 +32,7 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendError, LaunchError
-from airflow_mpi.naming import LABEL_JOB
+from airflow_mpi.job.naming import LABEL_JOB
 
 Obj = dict[str, Any]
 # Each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.

@@ -21,7 +21,7 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendError
-from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, run_selector
+from airflow_mpi.job.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, run_selector
 
 # (group, version, plural, kind), as the builders declare them.
 GVK = tuple[str, str, str, str]

@@ -24,27 +24,26 @@ import copy
 import logging
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
 from airflow_mpi.backends.base import FoundJob
-from airflow_mpi.backends.core_objects import AlreadyExists, CoreObjects
+from airflow_mpi.backends.core_objects import CoreObjects
+from airflow_mpi.backends.creation import JobCreation
 from airflow_mpi.backends.custom_objects import CustomObjects, find_custom_jobs
 from airflow_mpi.backends.k8s_errors import API_TIMEOUT, RBAC_DOC, ApiSilence
 from airflow_mpi.backends.log_follow import MasterLogFollow
 from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
-from airflow_mpi.backends.removal import TEARDOWN_WAIT, JobRemoval
-from airflow_mpi.exceptions import BackendError, BackendUnavailable, BackendUnreachable, JobNotFound, LaunchError
-from airflow_mpi.gang import POD_GROUP_KINDS
-from airflow_mpi.kinds import JobKind, job_kind
-from airflow_mpi.manifests import config_map_name, render_manifests, secret_name
-from airflow_mpi.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
-from airflow_mpi.permissions import POD_BACKEND_RULES, build_permissions, missing_permissions, render_missing
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.readiness import HostProbe, probes_from_states
+from airflow_mpi.backends.removal import JobRemoval
+from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
+from airflow_mpi.job.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.kinds.manifests import render_manifests
+from airflow_mpi.kinds.permissions import POD_BACKEND_RULES, build_permissions, missing_permissions, render_missing
+from airflow_mpi.kinds.strategy import JobKind, job_kind
+from airflow_mpi.observe.readiness import HostProbe, probes_from_states
+from airflow_mpi.observe.status import PodPhase, PodState, pod_state_from_k8s
 from airflow_mpi.spec import MPIJobSpec, Role
-from airflow_mpi.status import PodPhase, PodState, pod_state_from_k8s
 
 _log = logging.getLogger(__name__)
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
@@ -127,6 +126,10 @@ class KubernetesBackend:
         return CustomObjects(self.api_client, self.objects.request, self.api_url)
 
     @cached_property
+    def creation(self) -> JobCreation:
+        return JobCreation(self.objects, self.custom, self.kind, self.create_concurrency, self._watch, self._teardown)
+
+    @cached_property
     def removal(self) -> JobRemoval:
         return JobRemoval(self.objects, self.custom, self.kind)
 
@@ -169,121 +172,7 @@ class KubernetesBackend:
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
         self.check_permissions(namespace)
-        if self.kind.top is None:
-            self._create_pods_job(plan, namespace)
-        else:
-            self._create_custom_job(plan, namespace)
-
-    def _create_pods_job(self, plan: JobPlan, namespace: str) -> None:
-        manifests = self.kind.render(plan, namespace)
-        try:
-            service = self._create_service(namespace, manifests[0])
-            owner = self.kind.owner_reference(plan, service["metadata"]["uid"])
-            # Watch from the Service's version: every event of the pods created next is seen.
-            job = self._watch(plan, namespace, service["metadata"]["resourceVersion"])
-            for manifest in manifests[1:]:
-                manifest["metadata"]["ownerReferences"] = [owner]
-            secret, config_map, *rest = manifests[1:]
-            self.objects.create(namespace, "secrets", secret)
-            self.objects.create(namespace, "configmaps", config_map)
-            if plan.spec.scheduling.gang is not None:
-                self._create_gang(namespace, job, rest)
-                return
-            *workers, master = rest
-            job.master_manifest = master
-            self._create_pods(namespace, workers)
-        except BaseException as error:
-            # Even a create that timed out may have been applied. Not when the API has just been
-            # silent for the whole bound, though: the caller's teardown (bounded) tries that again.
-            if not isinstance(error, BackendUnreachable):
-                with contextlib.suppress(Exception):  # the create's own error is the one to raise
-                    self._teardown(plan.job_name, namespace)
-                # A refused pod (e.g. by PodSecurity admission) leaves no pod for teardown to wait
-                # on: delete the Secret and ConfigMap now rather than at the garbage collector's pace.
-                ours = (("secrets", secret_name(plan.job_name)), ("configmaps", config_map_name(plan.job_name)))
-                for plural, name in ours:
-                    with contextlib.suppress(Exception):
-                        self.objects.delete(namespace, plural, name)
-            raise
-
-    def _create_pods(self, namespace: str, pods: list[Obj]) -> None:
-        if pods:
-            with ThreadPoolExecutor(max_workers=min(self.create_concurrency, len(pods))) as pool:
-                for _ in pool.map(lambda pod: self.objects.create(namespace, "pods", pod), pods):
-                    pass  # keep none of the (large) responses
-
-    def _create_gang(self, namespace: str, job: WatchedJob, objects: list[Obj]) -> None:
-        """A gang waits until all its pods exist: the PodGroup, then the master with the workers
-        at once (the master's launch script waits for the workers' sshd itself)."""
-        gang = job.plan.spec.scheduling.gang if job.plan else None
-        for group in (obj for obj in objects if obj["kind"] != "Pod"):
-            if gang in POD_GROUP_KINDS:
-                self.custom.create(namespace, POD_GROUP_KINDS[gang], group)
-        job.roles[job.master] = Role.MASTER
-        self._create_pods(namespace, [obj for obj in objects if obj["kind"] == "Pod"])
-
-    def _create_service(self, namespace: str, manifest: Obj) -> Obj:
-        name = manifest["metadata"]["name"]
-        for _ in range(3):
-            try:
-                return self.objects.create(namespace, "services", manifest)
-            except AlreadyExists:
-                # A Service of this very job is there: an earlier attempt of the same try.
-                self.objects.delete(namespace, "services", name, propagation="Foreground")
-                deadline = time.monotonic() + TEARDOWN_WAIT
-                while self.objects.get(namespace, "services", name) is not None and time.monotonic() < deadline:
-                    time.sleep(0.5)
-        raise LaunchError(f"job {name}: an earlier attempt's objects are still being deleted")
-
-    def _create_custom_job(self, plan: JobPlan, namespace: str) -> None:
-        """The top object and our Secret and ConfigMap, made its dependents: created after it,
-        or (``ours_before_top``) before it and then given their owner."""
-        kind, top = self.kind, self.kind.top
-        assert top is not None
-        top_object, *ours = kind.render(plan, namespace)
-        if self.custom.get(namespace, top, plan.job_name) is not None:
-            self._delete_earlier_attempt(namespace, plan.job_name)  # its pods may be half-way
-        made: list[tuple[str, Obj]] = []
-        try:
-            if kind.ours_before_top:
-                for obj, plural in zip(ours, ("secrets", "configmaps"), strict=True):
-                    obj["metadata"].pop("ownerReferences", None)
-                    made.append((plural, self._create_fresh(namespace, plural, obj)))
-            created = self.custom.create(namespace, top, top_object)
-            job = self._watch(plan, namespace, created["metadata"]["resourceVersion"])
-            job.roles[plan.master.name] = Role.MASTER  # the controller creates it with the workers
-            owner = kind.owner_reference(plan, created["metadata"]["uid"])
-            for obj in ours:
-                obj["metadata"]["ownerReferences"] = [owner]
-            for plural, obj in made:
-                obj["metadata"]["ownerReferences"] = [owner]
-                self.objects.replace(namespace, plural, obj)
-            if not kind.ours_before_top:
-                for obj, plural in zip(ours, ("secrets", "configmaps"), strict=True):
-                    self.objects.create(namespace, plural, obj)
-        except BaseException:
-            with contextlib.suppress(Exception):  # the create's own error is the one to raise
-                self._teardown(plan.job_name, namespace)
-            for plural, obj in made:  # not owned yet, or the collector is slow: now
-                with contextlib.suppress(Exception):
-                    self.objects.delete(namespace, plural, obj["metadata"]["name"])
-            raise
-
-    def _create_fresh(self, namespace: str, plural: str, manifest: Obj) -> Obj:
-        """Create; one left by an attempt that died before its top object existed is replaced."""
-        try:
-            return self.objects.create(namespace, plural, manifest)
-        except AlreadyExists:
-            self.objects.delete(namespace, plural, manifest["metadata"]["name"])
-            return self.objects.create(namespace, plural, manifest)
-
-    def _delete_earlier_attempt(self, namespace: str, name: str) -> None:
-        top = self.kind.top
-        assert top is not None
-        self.custom.delete(namespace, top, name, propagation="Foreground")
-        if not self.custom.wait_gone(namespace, top, name, 60):
-            label = self.kind.top_label
-            raise LaunchError(f"{label} {name}: an earlier attempt's {label} is still being deleted")
+        self.creation.create(plan, namespace)
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> WatchedJob:
         job = WatchedJob(

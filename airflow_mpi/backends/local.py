@@ -30,15 +30,16 @@ from typing import BinaryIO
 
 from airflow_mpi import contract
 from airflow_mpi.backends import sandbox as sandboxes
+from airflow_mpi.backends.processes import netns_list
 from airflow_mpi.backends.sandbox import Mount, Sandbox
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError, SpecError, SpecIssue
-from airflow_mpi.naming import build_host_name
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.podlog import RankLineSplitter
-from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result
+from airflow_mpi.job.naming import build_host_name
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.job.ssh import KEY_DIR_MODE, KEY_FILE_MODE, build_ssh_probe_argv
+from airflow_mpi.observe.lines import RankLineSplitter
+from airflow_mpi.observe.readiness import HostProbe, HostProblem, classify_ssh_result
+from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.spec import Role
-from airflow_mpi.ssh import KEY_DIR_MODE, KEY_FILE_MODE, build_ssh_probe_argv
-from airflow_mpi.status import PodPhase, PodState
 
 log = logging.getLogger(__name__)
 DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
@@ -365,7 +366,7 @@ class LocalBackend:
         found = sandbox.leftovers() if sandbox is not None else []
         # Without a record, the names still tell: every pod's namespace is ampl-<job>-<role>-<i>.
         prefix = f"{sandboxes.NETNS_PREFIX}{job_name}-"
-        found += [f"network namespace {ns}" for ns in sandboxes.netns_list() if ns.startswith(prefix)]
+        found += [f"network namespace {ns}" for ns in netns_list() if ns.startswith(prefix)]
         found += [f"hosts directory {d}" for d in sandboxes.NETNS_HOSTS_DIR.glob(f"{prefix}*")]
         return sorted(set(found))
 

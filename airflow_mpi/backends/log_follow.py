@@ -16,8 +16,8 @@ from typing import Any
 from airflow_mpi.backends.k8s_errors import BAD_REQUEST, NOT_FOUND, ApiRequest, ApiSilence, api_status, is_transient
 from airflow_mpi.backends.k8s_errors import translate as translate_error
 from airflow_mpi.backends.pod_watch import WatchedJob
-from airflow_mpi.logcursor import TimestampedLogSplitter
-from airflow_mpi.status import PodPhase, PodState
+from airflow_mpi.observe.cursor import TimestampedLogSplitter
+from airflow_mpi.observe.status import PodPhase, PodState
 
 EOF = object()
 # A pod that cannot start shows it in its waiting reason: its log will never open.

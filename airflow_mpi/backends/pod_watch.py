@@ -16,11 +16,11 @@ from typing import Any
 
 from airflow_mpi.backends.k8s_errors import GONE, ApiRequest, ApiSilence, api_status, is_refusal, translate
 from airflow_mpi.exceptions import BackendError
-from airflow_mpi.logcursor import LogCursor
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.podlog import LineSplitter, RankLineSplitter
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.observe.cursor import LogCursor
+from airflow_mpi.observe.lines import LineSplitter, RankLineSplitter
+from airflow_mpi.observe.status import PodTable, WatchLoop
 from airflow_mpi.spec import Role
-from airflow_mpi.status import PodTable, WatchLoop
 
 WATCH_SECONDS = 290  # the API server ends a watch by itself after at most ~5-10 minutes
 Obj = dict[str, Any]

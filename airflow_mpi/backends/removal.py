@@ -16,9 +16,9 @@ from airflow_mpi.backends.core_objects import CoreObjects
 from airflow_mpi.backends.custom_objects import CustomObjects
 from airflow_mpi.backends.pod_watch import WatchedJob
 from airflow_mpi.exceptions import BackendError
-from airflow_mpi.gang import KUEUE_WORKLOAD
-from airflow_mpi.kinds import JobKind
-from airflow_mpi.naming import job_selector
+from airflow_mpi.job.naming import job_selector
+from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
+from airflow_mpi.kinds.strategy import JobKind
 from airflow_mpi.spec import Gang
 
 _log = logging.getLogger(__name__)

@@ -28,12 +28,24 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from airflow_mpi.backends.processes import (
+    host_networks,
+    kill_all,
+    kill_group,
+    link_exists,
+    netns_exists,
+    netns_list,
+    pids_in_netns,
+    run_ip,
+    start_ticks,
+    stop_pod_init,
+    wait_gone,
+)
 from airflow_mpi.exceptions import LaunchError
 
 SUBNET_POOL = ipaddress.IPv4Network("10.244.0.0/16")
@@ -146,7 +158,7 @@ class Sandbox:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         digest = hashlib.sha256(name.encode()).hexdigest()
         with _lock(state_dir):
-            used = {s.subnet for s in records(state_dir)} | _host_networks()
+            used = {s.subnet for s in records(state_dir)} | host_networks()
             subnets = list(SUBNET_POOL.subnets(new_prefix=24))
             start = int(digest[:8], 16) % len(subnets)
             subnet = next(
@@ -176,7 +188,7 @@ class Sandbox:
             staging.rename(sandbox.dir)
         try:
             gateway = next(iter(subnet.hosts()))
-            _ip(
+            run_ip(
                 ["-batch", "-"],
                 f"link add {sandbox.bridge} type bridge\n"
                 f"addr add {gateway}/{subnet.prefixlen} dev {sandbox.bridge}\n"
@@ -259,10 +271,10 @@ class Sandbox:
                 f"link add {pod.veth} type veth peer name eth0 netns {pod.netns}",
                 f"link set {pod.veth} master {self.bridge} up",
             ]
-        _ip(["-batch", "-"], "\n".join(host_side) + "\n")
+        run_ip(["-batch", "-"], "\n".join(host_side) + "\n")
         for pod in added:
             inside = f"addr add {pod.ip}/{network.prefixlen} dev eth0\nlink set eth0 up\nlink set lo up\n"
-            _ip(["-n", pod.netns, "-batch", "-"], inside)
+            run_ip(["-n", pod.netns, "-batch", "-"], inside)
         return added
 
     def write_hosts(self, entries: Sequence[tuple[str, Sequence[str]]]) -> None:
@@ -333,31 +345,31 @@ class Sandbox:
         pod = self.pods[name]
         proc = self.procs.pop(name, None)
         if proc is not None:
-            _stop_pod(proc.pid)
+            stop_pod_init(proc.pid)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 proc.wait(timeout=10)
             if proc.stdout is not None:
                 proc.stdout.close()
         elif pod.pid is not None and start_ticks(pod.pid) == pod.pid_start:
-            _stop_pod(pod.pid)
-            _wait_gone(pod.pid, pod.pid_start, timeout=10)
+            stop_pod_init(pod.pid)
+            wait_gone(pod.pid, pod.pid_start, timeout=10)
             if start_ticks(pod.pid) == pod.pid_start:
-                _kill_group(pod.pid)
+                kill_group(pod.pid)
         # Anything still inside the pod's network namespace: e.g. a pod whose owner was killed
         # while it was starting, before its parent-death signal was armed.
-        _kill_all(pids_in_netns([pod.netns]))
+        kill_all(pids_in_netns([pod.netns]))
 
     def remove_pod(self, name: str) -> None:
         self.stop(name)
         with self._lock:
             pod = self.pods.pop(name)
-        commands = [f"link del {pod.veth}"] if _link_exists(pod.veth) else []
-        commands += [f"netns del {pod.netns}"] if _netns_exists(pod.netns) else []
+        commands = [f"link del {pod.veth}"] if link_exists(pod.veth) else []
+        commands += [f"netns del {pod.netns}"] if netns_exists(pod.netns) else []
         if commands:
-            _ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
+            run_ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
         shutil.rmtree(NETNS_HOSTS_DIR / pod.netns, ignore_errors=True)
         with self._lock:
             self.save()
@@ -368,22 +380,22 @@ class Sandbox:
             self.stop(name)
         # Delete the veths ourselves: once a namespace is gone the kernel frees its veth pair
         # asynchronously, and the host side would linger for a moment.
-        commands = [f"link del {p.veth}" for p in self.pods.values() if _link_exists(p.veth)]
-        commands += [f"netns del {p.netns}" for p in self.pods.values() if _netns_exists(p.netns)]
-        if _link_exists(self.bridge):
+        commands = [f"link del {p.veth}" for p in self.pods.values() if link_exists(p.veth)]
+        commands += [f"netns del {p.netns}" for p in self.pods.values() if netns_exists(p.netns)]
+        if link_exists(self.bridge):
             commands.append(f"link del {self.bridge}")
         if commands:
             # -force: go on past a missing object; leftovers() checks every one anyway.
-            _ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
+            run_ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
         for pod in self.pods.values():
             shutil.rmtree(NETNS_HOSTS_DIR / pod.netns, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
         found = [f"state directory {self.dir}"] if self.dir.exists() else []
-        found += [f"network namespace {p.netns}" for p in self.pods.values() if _netns_exists(p.netns)]
+        found += [f"network namespace {p.netns}" for p in self.pods.values() if netns_exists(p.netns)]
         links = (self.bridge, *(p.veth for p in self.pods.values()))
-        found += [f"link {name}" for name in links if _link_exists(name)]
+        found += [f"link {name}" for name in links if link_exists(name)]
         found += [
             f"process {p.pid} of pod {p.name}"
             for p in self.pods.values()
@@ -434,11 +446,11 @@ def sweep_orphans(state_dir: Path) -> list[str]:
     removed = []
     for name in netns_list():
         if name.startswith(NETNS_PREFIX) and name not in known_netns and not pids_in_netns([name]):
-            _ip(["netns", "del", name], "", check=False)
+            run_ip(["netns", "del", name], "", check=False)
             removed.append(f"network namespace {name}")
     for link in sorted(os.listdir("/sys/class/net")):
         if link.startswith((BRIDGE_PREFIX, VETH_PREFIX)) and link not in known_links:
-            _ip(["link", "del", link], "", check=False)
+            run_ip(["link", "del", link], "", check=False)
             removed.append(f"link {link}")
     for hosts in NETNS_HOSTS_DIR.glob(f"{NETNS_PREFIX}*"):
         if hosts.name not in known_netns:
@@ -455,107 +467,3 @@ def _lock(state_dir: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-# --- small system helpers ---------------------------------------------------------------------
-
-
-def _ip(args: list[str], script: str, *, check: bool = True) -> None:
-    done = subprocess.run(["ip", *args], input=script, capture_output=True, text=True, check=False)
-    if check and done.returncode != 0:
-        raise LaunchError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
-
-
-def netns_list() -> list[str]:
-    try:
-        return sorted(os.listdir("/run/netns"))
-    except FileNotFoundError:
-        return []
-
-
-def _netns_exists(name: str) -> bool:
-    return os.path.exists(f"/run/netns/{name}")
-
-
-def _link_exists(name: str) -> bool:
-    return os.path.exists(f"/sys/class/net/{name}")
-
-
-def _host_networks() -> set[str]:
-    """IPv4 networks already on this host's interfaces (never allocate over them)."""
-    done = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=False)
-    networks = set()
-    with contextlib.suppress(ValueError, KeyError):
-        for link in json.loads(done.stdout or "[]"):
-            for addr in link.get("addr_info", []):
-                networks.add(str(ipaddress.ip_network(f"{addr['local']}/{addr['prefixlen']}", strict=False)))
-    return networks
-
-
-def start_ticks(pid: int) -> int | None:
-    """A process's start time (guards against PID reuse); None when it does not exist."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
-
-
-def pids_in_netns(names: Sequence[str]) -> list[int]:
-    """Processes whose network namespace is one of ``names`` (what ``ip netns pids`` does)."""
-    inodes = set()
-    for name in names:
-        with contextlib.suppress(OSError):
-            inodes.add(os.stat(f"/run/netns/{name}").st_ino)
-    if not inodes:
-        return []
-    pids = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{entry.name}/ns/net").st_ino in inodes:
-                    pids.append(int(entry.name))
-    return pids
-
-
-def _kill_all(pids: list[int], timeout: float = 5) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while any(start_ticks(pid) is not None for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def _stop_pod(unshare_pid: int) -> None:
-    """Kill the pod's first process (its PID namespace's init): the kernel then kills and reaps
-    everything in the pod, and ``unshare`` exits by itself, so nothing is left as a zombie."""
-    children = _children(unshare_pid)
-    if not children:
-        _kill_group(unshare_pid)
-    for child in children:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(child, signal.SIGKILL)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(child) for child in text.split()]
-
-
-def _kill_group(pid: int) -> None:
-    for kill in (os.killpg, os.kill):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(pid, signal.SIGKILL)
-
-
-def _wait_gone(pid: int, start: int | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while start_ticks(pid) == start and time.monotonic() < deadline:
-        time.sleep(0.02)

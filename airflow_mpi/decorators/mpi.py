@@ -27,11 +27,11 @@ from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_d
 from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_mpi.decorators.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.operators.mpi import MPIJobOperator
+from airflow_mpi.operators.xcomkeys import JOB_SUMMARY
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
-from airflow_mpi.xcomkeys import JOB_SUMMARY
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
 from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND, KUBERNETES_KINDS
 from airflow_mpi.backends.base import Backend
 from airflow_mpi.exceptions import BackendUnavailable
-from airflow_mpi.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
+from airflow_mpi.hooks.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
 
 BACKENDS = BACKEND_NAMES
 
@@ -117,7 +117,7 @@ class MPIJobHook(BaseHook):
             self._named = named
 
     def _test_local(self) -> tuple[bool, str]:
-        from airflow_mpi.doctor import run_local_doctor
+        from airflow_mpi.doctor.run import run_local_doctor
 
         report = run_local_doctor()
         if report.ok:

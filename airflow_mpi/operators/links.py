@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_mpi.xcomkeys import JOB_LINK, JOB_REF
+from airflow_mpi.operators.xcomkeys import JOB_LINK, JOB_REF
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator

@@ -30,13 +30,14 @@ from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBack
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
-from airflow_mpi.masterlog import OutputPlan
-from airflow_mpi.naming import RunIdentity
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.observe.master_output import OutputPlan
 from airflow_mpi.operators.links import MPIJobLink, store_job_link
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.runner import JobRunner, plan_for, resume_or_clean
+from airflow_mpi.operators.xcomkeys import JOB_REF
+from airflow_mpi.runner.job import JobRunner
+from airflow_mpi.runner.retries import plan_for, resume_or_clean
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.xcomkeys import JOB_REF
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

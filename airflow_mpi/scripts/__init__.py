@@ -1,5 +1,5 @@
 """The in-pod launch script and the ranks' sitecustomize, shipped as package data (the ConfigMap
-and the image carry them)."""
+and the image carry them); the doctor's checks, which run beside them but are not a job's."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ from importlib.resources import files
 def launch_script_text() -> str:
     """The launch script's text, read once from the installed package."""
     return files(__package__).joinpath("launch.sh").read_text(encoding="utf-8")
+
+
+@cache
+def doctor_script_text() -> str:
+    """``airflow-mpi doctor``'s checks: launch.sh's functions (not its main), then doctor.sh."""
+    doctor = files(__package__).joinpath("doctor.sh").read_text(encoding="utf-8")
+    return f"AIRFLOW_MPI_LAUNCH_LIBRARY=1\n{launch_script_text()}\n{doctor}"
 
 
 @cache

@@ -10,10 +10,11 @@
 #   launch.sh rank CMD...   what mpiexec starts on every slot: sets RANK, WORLD_SIZE, LOCAL_RANK,
 #                           LOCAL_WORLD_SIZE, NODE_RANK from OMPI_COMM_WORLD_*, then execs CMD
 #   launch.sh check-hosts   one ssh login to every rank host, with a reason per failing host
-#   launch.sh doctor        check that this image can run a job's pods (airflow-mpi doctor)
 #
+# With AIRFLOW_MPI_LAUNCH_LIBRARY=1 it only defines its functions: doctor.sh (airflow-mpi doctor,
+# which is not part of a job) runs after it and checks an image with the same sshd and probe.
 # AIRFLOW_MPI_DRY_RUN=1 prints what would be exec'd and exits 0 (no sshd, no waiting).
-# The Python renderer (airflow_mpi.topology / mpirun) computes the same hosts and command line;
+# The Python renderer (airflow_mpi.job.topology / mpirun) computes the same hosts and command line;
 # tests run both and compare them.
 set -euo pipefail
 
@@ -256,7 +257,7 @@ load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x o
 
 # --- master: ssh checks ----------------------------------------------------------------------
 
-# The markers and hints are airflow_mpi.readiness's SSH_FAILURE_MARKERS and PROBLEM_HINTS, word
+# The markers and hints are airflow_mpi.observe.readiness's SSH_FAILURE_MARKERS and PROBLEM_HINTS, word
 # for word (tests/unit/test_launch_script_contract.py compares them).
 probe_host() { # host -> exit 0, or print the reason it is not usable and exit 1
   local host="$1" port="${AIRFLOW_MPI_SSH_PORT:-22}" out
@@ -371,126 +372,6 @@ check_hosts() {
   ((${#FAILED_HOSTS[@]} == 0))
 }
 
-# --- doctor: can this image (or this machine) run a job's pods? -------------------------------
-
-# One line per check: "airflow-mpi doctor: <check>: ok|FAIL|skip: <detail>", in the order of
-# airflow_mpi.preflight.CHECKS (a test compares). airflow-mpi doctor runs this in a pod of the
-# image (--image) or here (--local) with the job's sshd_config and ssh_config rendered for a
-# scratch $RUNTIME_DIR, and explains every FAIL; each FAIL's detail carries the words a failing
-# job would print, so the same diagnosis reads it.
-doctor_line() { # check status detail
-  printf 'airflow-mpi doctor: %s: %s: %s\n' "$1" "$2" "$3"
-  [[ "$2" != FAIL ]] || DOCTOR_FAILED=1
-}
-
-doctor_checks_tools() {
-  local path version out
-  if path=$(command -v mpiexec); then
-    doctor_line mpiexec ok "$path"
-    version=$(mpiexec --version 2>&1 | head -n 1 || true)
-    if [[ "$version" =~ [[:space:]]4\.[0-9]+ ]]; then
-      doctor_line open-mpi-4 ok "$version"
-    else
-      doctor_line open-mpi-4 FAIL "mpiexec --version says '$version': the job's options are Open MPI 4's"
-    fi
-    if ((EUID != 0)); then
-      doctor_line mpiexec-as-root skip "not running as root"
-    elif out=$(timeout 60 mpiexec --allow-run-as-root --oversubscribe -np 1 true 2>&1); then
-      doctor_line mpiexec-as-root ok "mpiexec --allow-run-as-root -np 1 true"
-    else
-      doctor_line mpiexec-as-root FAIL "$(printf '%s' "$out" | grep -v '^-*$' | head -n 3 | tr '\n' ' ')"
-    fi
-  else
-    doctor_line mpiexec FAIL "mpiexec: not found on PATH=$PATH"
-    doctor_line open-mpi-4 skip "no mpiexec"
-    doctor_line mpiexec-as-root skip "no mpiexec"
-  fi
-  if path=$(command -v orted); then
-    doctor_line orted ok "$path"
-  else
-    doctor_line orted FAIL "orted: not found on PATH=$PATH"
-  fi
-  if path=$(command -v ssh); then
-    doctor_line ssh ok "$path"
-  else
-    doctor_line ssh FAIL "ssh: not found on PATH=$PATH (the master needs the OpenSSH client)"
-  fi
-  if [[ -x "$SSHD" ]]; then
-    doctor_line sshd ok "$SSHD"
-  else
-    doctor_line sshd FAIL "$SSHD: No such file or directory"
-  fi
-  if [[ -d /run/sshd ]]; then
-    doctor_line run-sshd ok "/run/sshd exists"
-  elif out=$(mkdir -p /run/sshd 2>&1 && chmod 0755 /run/sshd 2>&1); then
-    doctor_line run-sshd ok "/run/sshd created (the launch script creates it too)"
-  else
-    doctor_line run-sshd FAIL "Missing privilege separation directory: /run/sshd cannot be created: $out"
-  fi
-}
-
-doctor_checks_sshd() { # the job's sshd and ssh, on 127.0.0.1:$port in a scratch directory
-  local port="$1" out sshd_pid i
-  if ! command -v ssh-keygen >/dev/null || [[ ! -x "$SSHD" ]] || ! command -v ssh >/dev/null; then
-    for i in sshd-config ssh-login orted-over-ssh; do
-      doctor_line "$i" skip "needs sshd, ssh and ssh-keygen"
-    done
-    return 0
-  fi
-  umask 077
-  mkdir -p "$SSH_DIR"
-  chmod 0755 "$RUNTIME_DIR"
-  chmod 0700 "$SSH_DIR"
-  ssh-keygen -q -t ed25519 -N '' -C airflow-mpi-doctor -f "$SSH_DIR/ssh_host_ed25519_key"
-  ssh-keygen -q -t ed25519 -N '' -C airflow-mpi-doctor -f "$SSH_DIR/id_ed25519"
-  printf 'restrict %s\n' "$(cat "$SSH_DIR/id_ed25519.pub")" >"$SSH_DIR/authorized_keys"
-  printf '[127.0.0.1]:%s %s\n' "$port" "$(cut -d ' ' -f 1,2 "$SSH_DIR/ssh_host_ed25519_key.pub")" \
-    >"$SSH_DIR/known_hosts"
-  printf '%s\n' "$AIRFLOW_MPI_DOCTOR_SSHD_CONFIG" >"$SSH_DIR/sshd_config"
-  printf '%s\n' "$AIRFLOW_MPI_DOCTOR_SSH_CONFIG" >"$SSH_DIR/ssh_config"
-  chmod 0600 "$SSH_DIR"/*
-  umask 022
-  if out=$("$SSHD" -t -f "$SSH_DIR/sshd_config" 2>&1); then
-    doctor_line sshd-config ok "sshd -t accepts the job's sshd_config"
-  else
-    doctor_line sshd-config FAIL "$(printf '%s' "$out" | tail -n 2 | tr '\n' ' ')"
-  fi
-  sshd_session_env
-  "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config" -o ListenAddress=127.0.0.1 \
-    2>>"$RUNTIME_DIR/sshd.log" &
-  sshd_pid=$!
-  for ((i = 0; i < 50; i++)); do
-    out=$(probe_host 127.0.0.1) && break
-    kill -0 "$sshd_pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if ((i < 50)) && [[ -z "$out" ]]; then
-    doctor_line ssh-login ok "sshd accepts the job key on 127.0.0.1:$port"
-    if out=$(ssh -F "$SSH_DIR/ssh_config" 127.0.0.1 'command -v orted || echo "orted: command not found (PATH=$PATH)"' \
-      2>&1 </dev/null) && [[ "$out" == /* ]]; then
-      doctor_line orted-over-ssh ok "$out"
-    else
-      doctor_line orted-over-ssh FAIL "$(printf '%s' "$out" | tail -n 1)"
-    fi
-  else
-    doctor_line ssh-login FAIL "${out:-sshd ended}: $(tail -n 2 "$RUNTIME_DIR/sshd.log" 2>/dev/null | tr '\n' ' ')"
-    doctor_line orted-over-ssh skip "no ssh login"
-  fi
-  kill "$sshd_pid" 2>/dev/null || true
-  wait "$sshd_pid" 2>/dev/null || true
-}
-
-run_doctor() {
-  DOCTOR_FAILED=0
-  [[ "$RUNTIME_DIR" != /run/airflow-mpi ]] || die "doctor: set AIRFLOW_MPI_RUNTIME_DIR to a scratch directory"
-  [[ -n "${AIRFLOW_MPI_DOCTOR_SSHD_CONFIG:-}" && -n "${AIRFLOW_MPI_DOCTOR_SSH_CONFIG:-}" ]] ||
-    die "doctor: AIRFLOW_MPI_DOCTOR_SSHD_CONFIG and AIRFLOW_MPI_DOCTOR_SSH_CONFIG must hold the rendered configs"
-  trap 'rm -rf "$SSH_DIR" "$RUNTIME_DIR/sshd.log" "$RUNTIME_DIR/sshd.pid"' EXIT # the directory: its owner's
-  doctor_checks_tools
-  doctor_checks_sshd "${AIRFLOW_MPI_DOCTOR_PORT:-2222}"
-  return "$DOCTOR_FAILED"
-}
-
 # --- rank wrapper ----------------------------------------------------------------------------
 
 run_rank() {
@@ -567,9 +448,6 @@ main() {
         GJ_TRAINING_WORKER_GPU_LIMIT GJ_TRAINING_WORKER_REPLICAS
       check_hosts
       ;;
-    doctor)
-      run_doctor
-      ;;
     "")
       require_env GJ_TRAINING_ROLE GJ_TRAINING_POD_NAME GJ_TRAINING_VC_JOB_NAME
       case "$GJ_TRAINING_ROLE" in
@@ -582,8 +460,8 @@ main() {
         *) die "GJ_TRAINING_ROLE=$GJ_TRAINING_ROLE is neither master nor worker" ;;
       esac
       ;;
-    *) die "unknown command '$1' (use: rank CMD..., check-hosts, doctor, or no argument)" ;;
+    *) die "unknown command '$1' (use: rank CMD..., check-hosts, or no argument)" ;;
   esac
 }
 
-main "$@"
+[[ "${AIRFLOW_MPI_LAUNCH_LIBRARY:-0}" == 1 ]] || main "$@"

@@ -2,7 +2,7 @@
 
 A real ssh login with the job key and the pinned host keys, not a TCP connect; on timeout it
 says per host what is wrong (not resolving, port closed, key refused, host key mismatch). The
-operator waits with the same check (``airflow_mpi.runner.check_sshd_once``).
+operator waits with the same check (``airflow_mpi.runner.waits.check_sshd_once``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_mpi.hooks.mpi import MPIJobHook
-from airflow_mpi.readiness import HostProbe, summarize_not_ready
-from airflow_mpi.runner import check_sshd_once
+from airflow_mpi.observe.readiness import HostProbe, summarize_not_ready
+from airflow_mpi.runner.waits import check_sshd_once
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

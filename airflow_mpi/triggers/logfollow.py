@@ -28,9 +28,9 @@ from typing import Any
 
 from airflow_mpi import contract
 from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_status, explain, is_refusal
-from airflow_mpi.logcursor import LogCursor, TimestampedLogSplitter
-from airflow_mpi.masterlog import MasterOutput
-from airflow_mpi.podlog import RankLineSplitter
+from airflow_mpi.observe.cursor import LogCursor, TimestampedLogSplitter
+from airflow_mpi.observe.lines import RankLineSplitter
+from airflow_mpi.observe.master_output import MasterOutput
 from airflow_mpi.triggers.api_client import raise_for_status
 
 CHUNK_BYTES = 64 * 1024  # the most one read hands the line handling at once

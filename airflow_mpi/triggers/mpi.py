@@ -43,15 +43,15 @@ from airflow_mpi.events import (
     JobEvent,
     Outcome,
 )
-from airflow_mpi.kinds import job_kind
-from airflow_mpi.logstream import TAIL_LINES
-from airflow_mpi.masterlog import MasterOutput, OutputPlan
-from airflow_mpi.naming import job_selector
-from airflow_mpi.podlog import LineSplitter
-from airflow_mpi.queueing import QueueClock
-from airflow_mpi.readiness import probes_from_states, summarize_not_ready
+from airflow_mpi.job.naming import job_selector
+from airflow_mpi.kinds.strategy import job_kind
+from airflow_mpi.observe.lines import LineSplitter
+from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
+from airflow_mpi.observe.output import TAIL_LINES
+from airflow_mpi.observe.queueing import QueueClock
+from airflow_mpi.observe.readiness import probes_from_states, summarize_not_ready
+from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.spec import Role
-from airflow_mpi.status import JobPhase, PodPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.triggers.api_client import raise_for_status, shared_api_client
 from airflow_mpi.triggers.kind_reads import KindReads
 

@@ -99,7 +99,7 @@ def run_evicting_a_worker(cluster: Any, namespace: str, backend: Any, plan: Any)
     """Run the job (its command: ``TRAINS_FOREVER``) and have the node evict worker 1 once it
     trains; the job's failure and the evicted pod's name."""
     from airflow_mpi.exceptions import JobFailed
-    from airflow_mpi.runner import JobRunner
+    from airflow_mpi.runner.job import JobRunner
 
     log = Log()
     victim = f"{plan.job_name}-worker-1"

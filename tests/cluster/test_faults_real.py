@@ -16,9 +16,9 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import TEARDOWN_WAIT, KubernetesBackend
 from airflow_mpi.exceptions import SshdNotReady
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import Log, api_client, job_objects

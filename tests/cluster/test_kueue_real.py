@@ -17,8 +17,8 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import CORE_LEFT, Log, api_client, objects_left, when_logged

@@ -13,8 +13,8 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import CORE_LEFT, TRAINS_FOREVER, Log, api_client, objects_left, run_evicting_a_worker
@@ -110,7 +110,7 @@ TASKFLOW_FUNCTION = [
 def test_a_taskflow_function_runs_as_an_mpijob(operator: Cluster, namespace: str) -> None:
     """@task.mpi's command names no path: the runner is found in our config directory, which the
     MPIJob backend mounts off the operator's /etc/mpi."""
-    from airflow_mpi.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
+    from airflow_mpi.decorators.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
 
     call = FunctionCall(function_source("train", TASKFLOW_FUNCTION, 1, "/dags/tf.py"), [10], {}, ["scale"])
     backend, plan = make(

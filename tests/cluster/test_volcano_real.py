@@ -15,9 +15,10 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.runner import JobRunner, plan_for
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.runner.job import JobRunner
+from airflow_mpi.runner.retries import plan_for
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, objects_left, run_evicting_a_worker, when_logged

@@ -38,8 +38,8 @@ def test_sensor_times_out_with_a_reason_per_host(
     dagbag: Any, capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from airflow_mpi.hooks.mpi import MPIJobHook
-    from airflow_mpi.naming import RunIdentity
-    from airflow_mpi.plan import render_plan
+    from airflow_mpi.job.naming import RunIdentity
+    from airflow_mpi.job.plan import render_plan
     from airflow_mpi.spec import MPIJobSpec
 
     fake = Path("/var/tmp/airflow-mpi-tests") / f"fake-sshd-{time.time_ns()}"

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.backends.sandbox import Sandbox, start_ticks
+from airflow_mpi.backends.processes import start_ticks
+from airflow_mpi.backends.sandbox import Sandbox
 from tests.airflow_helpers import task_states, xcom
 from tests.conftest import STATE_DIR
 

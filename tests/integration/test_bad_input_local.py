@@ -10,7 +10,7 @@ import pytest
 
 from airflow_mpi.backends.local import LocalBackend
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.runner.job import JobRunner
 from tests.integration.test_local_backend import Log, make_plan
 from tests.leaks import ours
 

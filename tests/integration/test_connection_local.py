@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_mpi.doctor.checks import CHECKS
 from airflow_mpi.hooks.mpi import MPIJobHook
-from airflow_mpi.preflight import CHECKS
 from tests.integration.test_diagnosis_local import path_without
 from tests.leaks import ours
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from airflow_mpi.backends.local import LocalBackend
-from airflow_mpi.diagnosis import Cause
 from airflow_mpi.exceptions import JobFailed, MPIJobError, SshdNotReady
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.observe.diagnosis import Cause
+from airflow_mpi.runner.job import JobRunner
 from tests.faults import FaultRow
 from tests.integration.test_local_backend import Log, make_plan, with_worker_env
 from tests.leaks import ours

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from airflow_mpi.diagnosis import Cause
-from airflow_mpi.doctor import run_local_doctor
-from airflow_mpi.preflight import CHECKS, Status, explain_result
+from airflow_mpi.doctor.checks import CHECKS, Status, explain_result
+from airflow_mpi.doctor.run import run_local_doctor
+from airflow_mpi.observe.diagnosis import Cause
 from tests.integration.test_diagnosis_local import path_without
 from tests.leaks import ours
 
@@ -39,7 +39,7 @@ def test_a_path_without_orted_fails_both_orted_checks_with_the_cause(shared_dir:
 
 def test_the_cli_prints_the_report_and_exits_0() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "airflow_mpi.cli", "doctor", "--local"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "airflow_mpi.cli.main", "doctor", "--local"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "checks on this machine:" in done.stdout and "every check passed" in done.stdout

@@ -22,12 +22,13 @@ import pytest
 
 from airflow_mpi.backends.local import LocalBackend
 from airflow_mpi.exceptions import BackendUnavailable, JobFailed, JobTimeout, SshdNotReady
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.readiness import HostProblem
-from airflow_mpi.runner import JobResult, JobRunner, wait_for_sshd
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.job.ssh import generate_keypair
+from airflow_mpi.observe.readiness import HostProblem
+from airflow_mpi.runner.job import JobResult, JobRunner
+from airflow_mpi.runner.waits import wait_for_sshd
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.ssh import generate_keypair
 
 PY = sys.executable
 
@@ -315,8 +316,8 @@ def test_crashed_owner_is_swept_by_the_next_job(backend: LocalBackend, state_roo
     script = (
         "import sys, time\n"
         "from airflow_mpi.backends.local import LocalBackend\n"
-        "from airflow_mpi.plan import render_plan\n"
-        "from airflow_mpi.naming import RunIdentity\n"
+        "from airflow_mpi.job.plan import render_plan\n"
+        "from airflow_mpi.job.naming import RunIdentity\n"
         "from airflow_mpi.spec import MPIJobSpec\n"
         "spec = MPIJobSpec.from_dict({'name': 'crash', 'command': ['true'], 'workers': {'replicas': 2}})\n"
         "plan = render_plan(spec, RunIdentity('d', 't', sys.argv[2]))\n"
@@ -345,7 +346,7 @@ def test_cli_run_exits_with_the_jobs_code(state_root: Path, shared_dir: Path) ->
         [
             PY,
             "-m",
-            "airflow_mpi.cli",
+            "airflow_mpi.cli.main",
             "run",
             str(spec),
             "--run-id",

@@ -10,11 +10,11 @@ import time
 from typing import Any
 
 from airflow_mpi.backends.local import LocalBackend
-from airflow_mpi.naming import LABEL_MAP_INDEX, RunIdentity
-from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobResult, JobRunner
+from airflow_mpi.decorators.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
+from airflow_mpi.job.naming import LABEL_MAP_INDEX, RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.runner.job import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
 
 SWEEP = [
     "def sweep(lr):\n",

@@ -20,9 +20,9 @@ import pytest
 
 from airflow_mpi.backends.local import LocalBackend
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.faults import FaultRow
 from tests.integration.conftest import SHARED_ROOT

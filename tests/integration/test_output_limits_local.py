@@ -21,10 +21,10 @@ import pytest
 from airflow_mpi import contract
 from airflow_mpi.backends.local import LocalBackend
 from airflow_mpi.exceptions import JobFailed
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.podlog import CUT_MARK
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.observe.lines import CUT_MARK
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.faults import FaultRow
 

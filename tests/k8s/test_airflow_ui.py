@@ -15,7 +15,7 @@ import pytest
 
 from airflow_mpi.exceptions import BackendUnavailable
 from airflow_mpi.hooks.mpi import MPIJobHook
-from airflow_mpi.xcomkeys import JOB_LINK, JOB_REF, JOB_SUMMARY
+from airflow_mpi.operators.xcomkeys import JOB_LINK, JOB_REF, JOB_SUMMARY
 from tests.airflow_helpers import api_client, extra_links
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, install_connections, job_objects

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import BackendUnavailable, BackendUnreachable, SshdNotReady
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.triggers.mpi import MPIJobTrigger
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, api_client_for, first_trigger_event, install_connections, job_objects

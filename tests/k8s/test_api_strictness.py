@@ -17,9 +17,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.manifests import render_manifests
-from airflow_mpi.naming import LABEL_MAP_INDEX, RunIdentity
-from airflow_mpi.plan import render_plan
+from airflow_mpi.job.naming import LABEL_MAP_INDEX, RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.spec import MPIJobSpec
 from tests.doubles.apivalidation import KINDS, validate_object
 from tests.doubles.kube_double import KubeDouble, ScriptedKubelet

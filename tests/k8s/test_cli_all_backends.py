@@ -21,13 +21,13 @@ import pytest
 import yaml
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.cli import main
-from airflow_mpi.kinds import job_kind, kind_of
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.runner import plan_for
+from airflow_mpi.cli.main import main
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.kinds.strategy import job_kind, kind_of
+from airflow_mpi.observe.status import pod_state_from_k8s
+from airflow_mpi.runner.retries import plan_for
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.status import pod_state_from_k8s
 from tests.doubles.gang_controllers import GangControllers
 from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from tests.doubles.mpijob_controller import MPIJobController
@@ -281,7 +281,7 @@ def test_run_on_volcano_or_mpijob_interrupted_deletes_the_job_and_what_its_contr
     job = {"name": "clijob", "image": "registry.example/train:1", "command": ["python"], "workers": {"replicas": 2}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kube.kubeconfig()))
-    command = [sys.executable, "-m", "airflow_mpi.cli", "run", str(tmp_path / "job.yaml"), "--backend", kind]
+    command = [sys.executable, "-m", "airflow_mpi.cli.main", "run", str(tmp_path / "job.yaml"), "--backend", kind]
     proc = subprocess.Popen(
         [*command, "--kubeconfig", str(tmp_path / "kubeconfig")],
         stdout=subprocess.PIPE,

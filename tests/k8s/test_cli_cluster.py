@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.cli import main
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan
+from airflow_mpi.cli.main import main
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, install_connections, job_objects
 from tests.k8s.test_kubernetes_backend import make_plan
@@ -278,7 +278,15 @@ def test_run_on_kubernetes_interrupted_deletes_the_job(
 ) -> None:
     scripts.on("-master-", PodScript(lines=lambda: iter(["[1,0]<stdout>:epoch 1"])))  # runs until deleted
     (tmp_path / "job.yaml").write_text(SPEC)
-    command = [sys.executable, "-m", "airflow_mpi.cli", "run", str(tmp_path / "job.yaml"), "--backend", "kubernetes"]
+    command = [
+        sys.executable,
+        "-m",
+        "airflow_mpi.cli.main",
+        "run",
+        str(tmp_path / "job.yaml"),
+        "--backend",
+        "kubernetes",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [*command, "--kubeconfig", kubeconfig], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -368,7 +376,15 @@ def test_run_on_kubernetes_runs_a_real_mpi_job(real_double: KubeDouble, tmp_path
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(real_double.kubeconfig()))
-    command = [sys.executable, "-m", "airflow_mpi.cli", "run", str(tmp_path / "job.yaml"), "--backend", "kubernetes"]
+    command = [
+        sys.executable,
+        "-m",
+        "airflow_mpi.cli.main",
+        "run",
+        str(tmp_path / "job.yaml"),
+        "--backend",
+        "kubernetes",
+    ]
     done = subprocess.run(
         [*command, "--kubeconfig", str(tmp_path / "kubeconfig")],
         capture_output=True,

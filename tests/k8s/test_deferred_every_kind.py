@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.plan import JobPlan
+from airflow_mpi.job.plan import JobPlan
 from tests.airflow_helpers import task_states
 from tests.doubles.gang_controllers import GangControllers
 from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
@@ -83,7 +83,7 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeDouble]:
 
 def short_launcher_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ``deadl`` jobs' launcher Job gets a 2 s ``activeDeadlineSeconds``."""
-    import airflow_mpi.kinds as kinds
+    import airflow_mpi.kinds.strategy as kinds
 
     original = kinds.render_mpijob_manifests
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.diagnosis import Cause
 from airflow_mpi.exceptions import JobFailed
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.observe.diagnosis import Cause
+from airflow_mpi.runner.job import JobRunner
 from tests.airflow_helpers import task_states
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.faults import FaultRow

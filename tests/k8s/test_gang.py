@@ -18,9 +18,9 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout, MPIJobError
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.runner import JobResult, JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.runner.job import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.doubles.crd_schema import crd_dir, crd_errors, known_kinds
 from tests.doubles.gang_controllers import GangControllers
@@ -244,7 +244,7 @@ def _waiting_pod(name: str, role: str) -> dict[str, Any]:
 
 
 def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeout() -> None:
-    from airflow_mpi.status import PodTable
+    from airflow_mpi.observe.status import PodTable
     from airflow_mpi.triggers.mpi import MPIJobTrigger
 
     fields: dict[str, Any] = {
@@ -318,7 +318,7 @@ def test_a_retry_finds_and_reattaches_to_the_earlier_tries_volcano_job(
 ) -> None:
     import dataclasses
 
-    from airflow_mpi.runner import resume_or_clean
+    from airflow_mpi.runner.retries import resume_or_clean
 
     kube, _ = cluster
 

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from airflow_mpi.volcano import render_volcano_manifests
+from airflow_mpi.kinds.volcano import render_volcano_manifests
 from tests.doubles.crd_schema import crd_dir
 from tests.doubles.gang_controllers import GangControllers
 from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
@@ -121,7 +121,7 @@ def test_a_job_that_does_not_fit_waits_with_no_pods_and_its_group_pending(
 def test_a_held_pod_group_marks_its_pods_and_starts_them_together(
     cluster: tuple[KubeDouble, GangControllers],
 ) -> None:
-    from airflow_mpi.gang import render_gang_manifests
+    from airflow_mpi.kinds.gang import render_gang_manifests
 
     kube, controllers = cluster
     controllers.hold_admission(1.0)

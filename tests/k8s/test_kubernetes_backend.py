@@ -13,9 +13,9 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout, SshdNotReady
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.runner import JobResult, JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.runner.job import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects, unique

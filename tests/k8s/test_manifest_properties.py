@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from airflow_mpi.contract import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.manifests import render_manifests
-from airflow_mpi.naming import LABEL_MAP_INDEX, RunIdentity
-from airflow_mpi.plan import render_plan
+from airflow_mpi.job.naming import LABEL_MAP_INDEX, RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.spec import MPIJobSpec, max_name_length
 from tests.doubles.apivalidation import KINDS, decode_error, validate_object
 from tests.helpers import fixed_ssh

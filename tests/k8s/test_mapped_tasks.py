@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.naming import LABEL_MAP_INDEX, LABEL_TASK_ID
+from airflow_mpi.job.naming import LABEL_MAP_INDEX, LABEL_TASK_ID
 from tests.doubles.apivalidation import validate_object
 from tests.doubles.kube_double import KubeDouble
 from tests.k8s.conftest import job_objects

@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import LaunchError
-from airflow_mpi.manifests import render_manifests
+from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.operators.mpi import MPIJobOperator
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.doubles.podsecurity import check_pod

@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import render_plan
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 
 pytestmark = [

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.naming import LABEL_MAP_INDEX, LABEL_TASK_ID
-from airflow_mpi.taskflow import CALL_FILE, RUNNER_FILE
+from airflow_mpi.decorators.taskflow import CALL_FILE, RUNNER_FILE
+from airflow_mpi.job.naming import LABEL_MAP_INDEX, LABEL_TASK_ID
 from tests.airflow_helpers import task_states, xcom
 from tests.doubles.apivalidation import validate_object
 from tests.doubles.kube_double import KubeDouble

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.status import PodTable
+from airflow_mpi.observe.status import PodTable
 from airflow_mpi.triggers.mpi import MPIJobTrigger
 from tests.airflow_helpers import task_states
 from tests.doubles.kube_double import KubeDouble, PodScript

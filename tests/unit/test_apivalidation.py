@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.manifests import render_manifests
+from airflow_mpi.kinds.manifests import render_manifests
 from tests.doubles.apiformats import (
     QuantityError,
     base64_error,

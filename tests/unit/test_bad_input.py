@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.cli import main
+from airflow_mpi.cli.main import main
 from airflow_mpi.exceptions import SpecError
 
 VALID: dict[str, Any] = {"name": "job", "image": "registry.example/train:1", "command": ["python", "/app/train.py"]}

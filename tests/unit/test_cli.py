@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from airflow_mpi.cli import main
+from airflow_mpi.cli.main import main
 
 SPEC = """
 name: digits

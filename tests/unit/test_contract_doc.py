@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from airflow_mpi import contract
+from airflow_mpi.job.topology import build_topology, render_mpi_hosts
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.topology import build_topology, render_mpi_hosts
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "contract.md"

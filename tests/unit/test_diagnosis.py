@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_mpi.diagnosis import (
+from airflow_mpi.observe.diagnosis import (
     EARLY_LINES,
     KNOWN_FAILURES,
     Cause,

@@ -7,8 +7,9 @@ from typing import Any
 
 from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import JobFailed, JobTimeout, SshdNotReady
-from airflow_mpi.runner import JobRunner, worker_failure
-from airflow_mpi.status import JobPhase, JobStatus
+from airflow_mpi.observe.status import JobPhase, JobStatus
+from airflow_mpi.runner.job import JobRunner
+from airflow_mpi.runner.waits import worker_failure
 from tests.helpers import plan_for, spec_from
 
 PLAN = plan_for(spec_from(workers={"replicas": 2}, timeout=60))

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.gang import (
+from airflow_mpi.kinds.gang import (
     COSCHEDULING_GROUP_LABEL,
     KUEUE_GROUP_LABEL,
     KUEUE_QUEUE_LABEL,
@@ -19,7 +19,7 @@ from airflow_mpi.gang import (
     render_gang_manifests,
     sum_requests,
 )
-from airflow_mpi.manifests import render_manifests
+from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.spec import Gang, parse_quantity, render_quantity
 from tests.crds import assert_valid_custom_object
 from tests.helpers import plan_for, spec_from

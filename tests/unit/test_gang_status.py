@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_mpi.gang import describe_group_wait
+from airflow_mpi.kinds.gang import describe_group_wait
+from airflow_mpi.kinds.volcano import describe_volcano_wait, without_policy_kills
+from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.spec import Role
-from airflow_mpi.status import PodPhase, PodState
-from airflow_mpi.volcano import describe_volcano_wait, without_policy_kills
 
 
 def pod(scheduled: str | None, reason: str = "", message: str = "") -> dict[str, Any]:
@@ -86,7 +86,7 @@ def test_the_queue_wait_notes_each_new_reason_and_returns_once_admitted() -> Non
     import pytest
 
     from airflow_mpi.exceptions import JobTimeout
-    from airflow_mpi.runner import QueueWait
+    from airflow_mpi.runner.waits import QueueWait
     from tests.helpers import plan_for, spec_from
 
     notes: list[str] = []

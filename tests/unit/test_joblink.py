@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_mpi.joblink import check_url_template, render_job_url
+from airflow_mpi.hooks.joblink import check_url_template, render_job_url
 
 FIELDS = {
     "namespace": "ml",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.jobtable import (
+from airflow_mpi.observe.jobtable import (
     JobRow,
     format_age,
     format_duration,
@@ -16,7 +16,7 @@ from airflow_mpi.jobtable import (
     render_table,
     summarize_job,
 )
-from airflow_mpi.status import pod_state_from_k8s
+from airflow_mpi.observe.status import pod_state_from_k8s
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

@@ -12,9 +12,9 @@ import pytest
 
 from airflow_mpi import contract
 from airflow_mpi.contract import PodPaths
-from airflow_mpi.mpirun import build_mpiexec_argv
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.readiness import HostProblem, classify_ssh_result
+from airflow_mpi.job.mpirun import build_mpiexec_argv
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.observe.readiness import HostProblem, classify_ssh_result
 from airflow_mpi.scripts import launch_script_text
 from tests.helpers import IDENTITY, fixed_ssh, spec_from
 

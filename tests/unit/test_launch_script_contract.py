@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from airflow_mpi import contract
-from airflow_mpi.readiness import PROBLEM_HINTS, SSH_FAILURE_MARKERS, HostProblem, classify_ssh_result
+from airflow_mpi.observe.readiness import PROBLEM_HINTS, SSH_FAILURE_MARKERS, HostProblem, classify_ssh_result
 from airflow_mpi.scripts import launch_script_text
 
 SCRIPT = launch_script_text()

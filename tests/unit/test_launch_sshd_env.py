@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_mpi.plan import render_plan
+from airflow_mpi.job.plan import render_plan
 from tests.helpers import IDENTITY, fixed_ssh, spec_from
 from tests.unit.test_launch_script import dry_run, exact_argv, materialize
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_mpi.mpirun import build_mpiexec_argv
-from airflow_mpi.plan import render_plan
+from airflow_mpi.job.mpirun import build_mpiexec_argv
+from airflow_mpi.job.plan import render_plan
 from airflow_mpi.scripts import launch_script_text
 from tests.helpers import IDENTITY, fixed_ssh, spec_from
 from tests.unit.test_launch_script import dry_run, exact_argv, materialize

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from airflow_mpi.logstream import TAIL_LINES, format_tail
-from airflow_mpi.podlog import CUT_MARK, LineSplitter
+from airflow_mpi.observe.lines import CUT_MARK, LineSplitter
+from airflow_mpi.observe.output import TAIL_LINES, format_tail
 
 TEXT = b"first\r\nsecond\n\nthird \xe2\x9c\x93\r\r\nlast without newline"
 LINES = ["first", "second", "", "third \u2713", "last without newline"]

@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from airflow_mpi.logcursor import (
+from airflow_mpi.observe.cursor import (
     LogCursor,
     TimestampedLogSplitter,
     format_since_time,
     parse_log_timestamp,
     split_timestamped,
 )
-from airflow_mpi.podlog import RankLineSplitter
+from airflow_mpi.observe.lines import RankLineSplitter
 from tests.doubles.kube_double import rfc3339_nano
 
 SECOND = 1_000_000_000

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 from airflow_mpi.contract import RESULT_MAX_BYTES
-from airflow_mpi.logstream import OutputTracker, ProgressFilter, build_log_records, build_rank_pods
-from airflow_mpi.naming import build_job_name
-from airflow_mpi.podlog import CUT_MARK, PartialLine
-from airflow_mpi.topology import build_topology
+from airflow_mpi.job.naming import build_job_name
+from airflow_mpi.job.topology import build_topology
+from airflow_mpi.observe.lines import CUT_MARK, PartialLine
+from airflow_mpi.observe.output import OutputTracker, ProgressFilter, build_log_records, build_rank_pods
 from tests.helpers import IDENTITY, spec_from
 
 ABORT_NONZERO = """\

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.manifests import render_manifests
+from airflow_mpi.kinds.manifests import render_manifests
 from tests.helpers import plan_for, spec_from
 
 GOLDEN = Path(__file__).parent / "golden" / "manifests.yaml"

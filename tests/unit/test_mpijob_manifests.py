@@ -13,8 +13,12 @@ import pytest
 
 from airflow_mpi import contract
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.gang import KUEUE_QUEUE_LABEL
-from airflow_mpi.mpijob import (
+from airflow_mpi.job.mpirun import build_mpiexec_argv
+from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB, build_job_name
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.job.ssh import KeyPair, SshMaterial
+from airflow_mpi.kinds.gang import KUEUE_QUEUE_LABEL
+from airflow_mpi.kinds.mpijob import (
     CONTROLLER_HOSTFILE,
     OPERATOR_SSH_MOUNT,
     check_mpijob_plan,
@@ -28,13 +32,9 @@ from airflow_mpi.mpijob import (
     render_mpijob_plan,
     without_cleanup_kills,
 )
-from airflow_mpi.mpirun import build_mpiexec_argv
-from airflow_mpi.naming import LABEL_INDEX, LABEL_JOB, build_job_name
-from airflow_mpi.plan import JobPlan
+from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.scripts import launch_script_text
 from airflow_mpi.spec import Role
-from airflow_mpi.ssh import KeyPair, SshMaterial
-from airflow_mpi.status import PodPhase, PodState
 from tests.crds import assert_valid_custom_object
 from tests.helpers import IDENTITY, spec_from
 from tests.unit.test_launch_script import dry_run, exact_argv
@@ -322,11 +322,11 @@ def test_the_launch_script_reads_the_controllers_hostfile(tmp_path: Path) -> Non
 
 
 def _compute_hosts(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The launch script's compute_hosts alone (its functions, without the final ``main``)."""
+    """The launch script's compute_hosts alone (its functions, as a library: no ``main``)."""
     functions = tmp_path / "functions.sh"
-    functions.write_text(launch_script_text().rsplit('main "$@"', 1)[0])
+    functions.write_text(launch_script_text())
     probe = (
-        f'source "{functions}"; compute_hosts; '
+        f'AIRFLOW_MPI_LAUNCH_LIBRARY=1; source "{functions}"; compute_hosts; '
         'echo "default_hostfile=${OMPI_MCA_orte_default_hostfile-unset}"; echo "rank_hosts=${RANK_HOSTS[*]-}"'
     )
     return subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True, timeout=20, check=False)

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
-from airflow_mpi.naming import build_job_name
-from airflow_mpi.topology import build_topology
+from airflow_mpi.job.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
+from airflow_mpi.job.naming import build_job_name
+from airflow_mpi.job.topology import build_topology
 from tests.helpers import IDENTITY, spec_from
 
 J = build_job_name("job", IDENTITY)

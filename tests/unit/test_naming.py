@@ -8,7 +8,7 @@ import string
 
 import pytest
 
-from airflow_mpi.naming import (
+from airflow_mpi.job.naming import (
     LABEL_MAP_INDEX,
     RunIdentity,
     build_job_labels,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from airflow_mpi.permissions import (
+from airflow_mpi.kinds.permissions import (
     POD_BACKEND_RULES,
     Permission,
     build_permissions,

@@ -24,10 +24,10 @@ import kubernetes_validate
 import pytest
 
 from airflow_mpi import contract
-from airflow_mpi.cli import load_spec
-from airflow_mpi.manifests import render_manifests
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.volcano import render_volcano_manifests
+from airflow_mpi.cli.main import load_spec
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.kinds.manifests import render_manifests
+from airflow_mpi.kinds.volcano import render_volcano_manifests
 from tests.crds import assert_valid_custom_object
 from tests.doubles.apivalidation import KINDS, decode_error, validate_object
 from tests.helpers import IDENTITY, fixed_ssh

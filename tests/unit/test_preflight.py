@@ -9,8 +9,7 @@ import kubernetes_validate
 import pytest
 
 from airflow_mpi.contract import ENV_RUNTIME_DIR
-from airflow_mpi.diagnosis import Cause
-from airflow_mpi.preflight import (
+from airflow_mpi.doctor.checks import (
     CHECKS,
     ENV_DOCTOR_SSH_CONFIG,
     ENV_DOCTOR_SSHD_CONFIG,
@@ -23,10 +22,11 @@ from airflow_mpi.preflight import (
     render_doctor_pod,
     render_doctor_report,
 )
-from airflow_mpi.scripts import launch_script_text
+from airflow_mpi.observe.diagnosis import Cause
+from airflow_mpi.scripts import doctor_script_text
 from tests.api_checks import api_server_refusals
 
-SCRIPT = launch_script_text()
+SCRIPT = doctor_script_text()
 
 
 def test_launch_sh_runs_exactly_the_checks_in_order() -> None:
@@ -121,7 +121,7 @@ def test_doctor_pod_is_a_valid_pod_that_runs_the_launch_script(version: str) -> 
     kubernetes_validate.validate(pod, version, strict=True)
     assert api_server_refusals("pods", pod) == []
     container = pod["spec"]["containers"][0]
-    assert container["command"] == ["bash", "-c", SCRIPT, "launch.sh", "doctor"]
+    assert container["command"] == ["bash", "-c", SCRIPT, "doctor"]
     assert pod["spec"]["restartPolicy"] == "Never" and pod["spec"]["activeDeadlineSeconds"] == 120
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert {e["name"] for e in container["env"]} >= {ENV_RUNTIME_DIR, ENV_DOCTOR_SSHD_CONFIG, ENV_DOCTOR_SSH_CONFIG}

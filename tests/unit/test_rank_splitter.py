@@ -17,8 +17,8 @@ import tracemalloc
 
 import pytest
 
-from airflow_mpi.logstream import OutputTracker
-from airflow_mpi.podlog import CUT_MARK, PartialLine, RankLineSplitter
+from airflow_mpi.observe.lines import CUT_MARK, PartialLine, RankLineSplitter
+from airflow_mpi.observe.output import OutputTracker
 
 # The start of the master's output in that measurement, byte for byte.
 MEASURED = (

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 from airflow_mpi import contract
+from airflow_mpi.observe.worldsize import RANK_START
 from airflow_mpi.scripts import launch_script_text
-from airflow_mpi.worldsize import RANK_START
 
 
 def test_a_rank_reports_rank_size_and_pod_before_anything_else(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_mpi.readiness import HostProbe, HostProblem, classify_ssh_result, summarize_not_ready
+from airflow_mpi.observe.readiness import HostProbe, HostProblem, classify_ssh_result, summarize_not_ready
 
 
 def test_success() -> None:

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.manifests import render_manifests
+from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.spec import MPIJobSpec
 from tests.doubles.podsecurity import check_pod
 from tests.helpers import plan_for, spec_from

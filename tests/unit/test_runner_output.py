@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from airflow_mpi.exceptions import JobFailed
-from airflow_mpi.podlog import PartialLine, RankLineSplitter
-from airflow_mpi.runner import JobRunner
+from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
+from airflow_mpi.observe.status import PodPhase, PodState
+from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import Role
-from airflow_mpi.status import PodPhase, PodState
 from tests.helpers import plan_for, spec_from
 
 PLAN = plan_for(spec_from(master={"cpu": 2}, workers={"replicas": 1, "cpu": 2}, startup_timeout=1))

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.manifests import render_manifests
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import render_plan
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.spec import MPIJobSpec
 from tests.api_checks import object_problems
 from tests.helpers import fixed_ssh

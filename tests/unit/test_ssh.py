@@ -5,7 +5,7 @@ from __future__ import annotations
 from cryptography.hazmat.primitives import serialization
 
 from airflow_mpi.contract import DEFAULT_PATHS
-from airflow_mpi.ssh import (
+from airflow_mpi.job.ssh import (
     build_ssh_material,
     build_ssh_probe_argv,
     generate_keypair,

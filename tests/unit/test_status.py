@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, WatchLoop, evaluate_job
 from airflow_mpi.spec import Role
-from airflow_mpi.status import JobPhase, PodPhase, PodState, WatchLoop, evaluate_job
 
 M, W = Role.MASTER, Role.WORKER
 

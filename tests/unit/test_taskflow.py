@@ -13,12 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_mpi import contract
-from airflow_mpi.exceptions import SpecError
-from airflow_mpi.manifests import render_manifests
-from airflow_mpi.naming import RunIdentity
-from airflow_mpi.plan import render_plan
-from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.taskflow import (
+from airflow_mpi.decorators.taskflow import (
     CALL_FILE,
     RUNNER_BOOTSTRAP,
     RUNNER_FILE,
@@ -28,6 +23,11 @@ from airflow_mpi.taskflow import (
     function_source,
     runner_command,
 )
+from airflow_mpi.exceptions import SpecError
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import render_plan
+from airflow_mpi.kinds.manifests import render_manifests
+from airflow_mpi.spec import MPIJobSpec
 from tests.doubles.apivalidation import validate_object
 
 DAG_LINES = [

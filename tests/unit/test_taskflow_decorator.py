@@ -7,8 +7,8 @@ import pendulum
 import pytest
 
 from airflow_mpi.decorators.mpi import _MPIDecoratedOperator, default_job_name, mpi_task
+from airflow_mpi.decorators.taskflow import runner_command
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.taskflow import runner_command
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 

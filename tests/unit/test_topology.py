@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.naming import build_job_name
-from airflow_mpi.spec import Role, build_slot_plan
-from airflow_mpi.topology import (
+from airflow_mpi.job.naming import build_job_name
+from airflow_mpi.job.topology import (
     build_platform_env,
     build_topology,
     render_hostfile,
     render_mpi_host,
     render_mpi_hosts,
 )
+from airflow_mpi.spec import Role, build_slot_plan
 from tests.helpers import IDENTITY, spec_from
 
 J = build_job_name("job", IDENTITY)

@@ -11,8 +11,8 @@ import pytest
 
 from airflow_mpi import contract
 from airflow_mpi.exceptions import SpecError
-from airflow_mpi.naming import LABEL_INDEX, LABEL_JOB
-from airflow_mpi.volcano import (
+from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB
+from airflow_mpi.kinds.volcano import (
     render_volcano_manifests,
     share_worker_host_key,
     volcano_config_map_name,

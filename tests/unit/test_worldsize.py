@@ -3,8 +3,8 @@ time of mpiexec's start; a wrong world size fails at once; the reports fold into
 
 from __future__ import annotations
 
-from airflow_mpi.logstream import build_rank_pods
-from airflow_mpi.worldsize import RANK_START_TIMEOUT, RankStartCheck, format_ranks, rank_start_timeout
+from airflow_mpi.observe.output import build_rank_pods
+from airflow_mpi.observe.worldsize import RANK_START_TIMEOUT, RankStartCheck, format_ranks, rank_start_timeout
 from tests.helpers import plan_for, spec_from
 
 PLAN = plan_for(spec_from(master={"cpu": 2}, workers={"replicas": 1, "cpu": 2}, startup_timeout=60))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from airflow_mpi import xcomkeys
 from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND
 from airflow_mpi.get_provider_info import get_provider_info
 from airflow_mpi.hooks.mpi import BACKENDS
+from airflow_mpi.operators import xcomkeys
 from airflow_mpi.operators.links import MPIJobLink
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from airflow_mpi.manifests import (
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.kinds.manifests import (
     PLACEHOLDER_UID,
     Manifest,
     render_config_map,
@@ -22,7 +23,6 @@ from airflow_mpi.manifests import (
     render_service,
     require_image,
 )
-from airflow_mpi.plan import JobPlan
 from airflow_mpi.spec import Gang, parse_quantity, render_quantity
 
 # What each scheduler reads from a pod (names as the schedulers define them).

@@ -1,8 +1,8 @@
 """``airflow-mpi doctor``, the pure part: the checks, the pod that runs them in an image, and
 what each failure means.
 
-The checks themselves are ``launch.sh doctor`` (bash, in the image or on this machine): the
-same script, the same sshd options and the same ssh probe as a job. It prints one line per check
+The checks themselves are ``scripts/doctor.sh`` after the launch script's functions (bash, in the
+image or on this machine): the same sshd options and the same ssh probe as a job. It prints one line per check
 (``airflow-mpi doctor: <check>: ok|FAIL|skip: <detail>``); ``parse_doctor_output`` reads them,
 and every FAIL is explained with ``diagnosis`` (the cause a failing job would show) or, for a
 check no job failure corresponds to, the check's own fix.
@@ -17,8 +17,8 @@ from enum import Enum
 from typing import Any
 
 from airflow_mpi.contract import ENV_RUNTIME_DIR, PodPaths
-from airflow_mpi.diagnosis import Cause, Diagnosis, diagnose
-from airflow_mpi.ssh import render_ssh_config, render_sshd_config
+from airflow_mpi.job.ssh import render_ssh_config, render_sshd_config
+from airflow_mpi.observe.diagnosis import Cause, Diagnosis, diagnose
 
 LINE = re.compile(r"^airflow-mpi doctor: (?P<check>[a-z0-9-]+): (?P<status>ok|FAIL|skip): (?P<detail>.*)$")
 ENV_DOCTOR_PORT = "AIRFLOW_MPI_DOCTOR_PORT"
@@ -43,7 +43,7 @@ class Check:
     fix: str = ""  # for a check no diagnosis covers
 
 
-# In the order launch.sh's run_doctor prints them (tests/unit/test_preflight.py compares).
+# In the order doctor.sh's run_doctor prints them (tests/unit/test_preflight.py compares).
 CHECKS: tuple[Check, ...] = (
     Check("mpiexec", "mpiexec is on the PATH", Cause.NO_MPIEXEC),
     Check(
@@ -136,7 +136,7 @@ def render_doctor_report(results: Sequence[CheckResult], title: str) -> list[str
 
 
 def build_doctor_env(runtime_dir: str, port: int) -> dict[str, str]:
-    """What ``launch.sh doctor`` reads: a scratch runtime directory, the port of its sshd, and
+    """What ``doctor.sh`` reads: a scratch runtime directory, the port of its sshd, and
     the job's sshd_config and ssh_config rendered for that directory and port."""
     paths = PodPaths(runtime_dir=runtime_dir)
     return {
@@ -150,7 +150,7 @@ def build_doctor_env(runtime_dir: str, port: int) -> dict[str, str]:
 def render_doctor_pod(
     name: str, namespace: str, image: str, script: str, *, deadline_seconds: int = 300
 ) -> dict[str, Any]:
-    """A pod that runs ``launch.sh doctor`` in ``image`` once, as a job's pods would run (root,
+    """A pod that runs the doctor's ``script`` in ``image`` once, as a job's pods would run (root,
     bash, the image's PATH), and ends; its log holds the check lines."""
     env = build_doctor_env(DOCTOR_RUNTIME_DIR, DOCTOR_PORT)
     return {
@@ -174,7 +174,7 @@ def render_doctor_pod(
                 {
                     "name": CONTAINER,
                     "image": image,
-                    "command": ["bash", "-c", script, "launch.sh", "doctor"],
+                    "command": ["bash", "-c", script, "doctor"],
                     "env": [{"name": key, "value": value} for key, value in sorted(env.items())],
                     "volumeMounts": [{"name": "doctor-runtime", "mountPath": DOCTOR_RUNTIME_DIR}],
                 }

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from airflow_mpi.naming import LABEL_ROLE
+from airflow_mpi.job.naming import LABEL_ROLE
 from airflow_mpi.spec import Role
 
 # Waiting reasons that never fix themselves: fail at once with the pod's own message.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from airflow_mpi.naming import (
+from airflow_mpi.job.naming import (
     LABEL_DAG_ID,
     LABEL_JOB,
     LABEL_MAP_INDEX,
@@ -25,8 +25,8 @@ from airflow_mpi.naming import (
     LABEL_TRY_NUMBER,
     MANAGED_BY,
 )
+from airflow_mpi.observe.status import FATAL_WAITING_REASONS, PodPhase, PodState, pod_state_from_k8s
 from airflow_mpi.spec import Role
-from airflow_mpi.status import FATAL_WAITING_REASONS, PodPhase, PodState, pod_state_from_k8s
 
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 COLUMNS = ("NAME", "DAG", "TASK", "RUN", "TRY", "PHASE", "AGE", "READY", "BACKEND")

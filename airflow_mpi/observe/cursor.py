@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
-from airflow_mpi.podlog import RankLineSplitter
+from airflow_mpi.observe.lines import RankLineSplitter
 
 MAX_STAMP_BYTES = 40  # "2026-11-29T20:00:01.123456789Z" and the space after it
 

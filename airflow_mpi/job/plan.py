@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from airflow_mpi import contract
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
-from airflow_mpi.naming import RunIdentity, build_host_name, build_job_labels, build_job_name, build_pod_labels
+from airflow_mpi.job.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
+from airflow_mpi.job.naming import RunIdentity, build_host_name, build_job_labels, build_job_name, build_pod_labels
+from airflow_mpi.job.ssh import SshMaterial, build_ssh_material, render_ssh_files
+from airflow_mpi.job.topology import Topology, build_job_env, build_pod_env, build_topology, render_hostfile
 from airflow_mpi.scripts import launch_script_text, rank_sitecustomize_text
 from airflow_mpi.spec import HostsMode, MPIJobSpec, Role
-from airflow_mpi.ssh import SshMaterial, build_ssh_material, render_ssh_files
-from airflow_mpi.topology import Topology, build_job_env, build_pod_env, build_topology, render_hostfile
 
 
 @dataclass(frozen=True)

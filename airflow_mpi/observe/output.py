@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_mpi.contract import RESULT_MAX_BYTES, RESULT_PREFIX
-from airflow_mpi.podlog import CUT_MARK
+from airflow_mpi.job.topology import Topology
+from airflow_mpi.observe.lines import CUT_MARK
 from airflow_mpi.spec import MPIJobSpec
-from airflow_mpi.topology import Topology
 
 TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>:(.*)$", re.DOTALL)
 FAILED_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")

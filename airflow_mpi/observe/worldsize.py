@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from airflow_mpi.contract import MPIEXEC_START_LINE, RANK_START_PREFIX
-from airflow_mpi.logstream import split_tag
+from airflow_mpi.observe.output import split_tag
 from airflow_mpi.spec import MPIJobSpec
 
 RANK_START = re.compile(r"^AIRFLOW_MPI_RANK_START rank=(\d+) size=(\d+) host=(\S+)\s*$")

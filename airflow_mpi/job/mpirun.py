@@ -12,8 +12,8 @@ from __future__ import annotations
 import shlex
 
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
+from airflow_mpi.job.topology import Topology, render_mpi_hosts
 from airflow_mpi.spec import HostsMode, MPIJobSpec
-from airflow_mpi.topology import Topology, render_mpi_hosts
 
 MPIEXEC = "mpiexec"
 

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
-from airflow_mpi.naming import build_host_name
+from airflow_mpi.job.naming import build_host_name
 
 KEY_FILE_MODE = 0o600
 KEY_DIR_MODE = 0o700

@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from airflow_mpi.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
-from airflow_mpi.manifests import PLACEHOLDER_UID, render_owner_reference
-from airflow_mpi.mpijob import (
+from airflow_mpi.job.naming import LABEL_ROLE, RunIdentity, build_pod_name, job_selector
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
+from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, render_owner_reference
+from airflow_mpi.kinds.mpijob import (
     LABEL_OPERATOR_JOB,
     MPIJOB,
     describe_mpijob_failure,
@@ -32,17 +34,15 @@ from airflow_mpi.mpijob import (
     render_mpijob_plan,
     without_cleanup_kills,
 )
-from airflow_mpi.naming import LABEL_ROLE, RunIdentity, build_pod_name, job_selector
-from airflow_mpi.plan import JobPlan, render_plan
-from airflow_mpi.spec import Gang, MPIJobSpec, Role
-from airflow_mpi.status import PodState, pod_state_from_k8s
-from airflow_mpi.volcano import (
+from airflow_mpi.kinds.volcano import (
     VOLCANO_JOB,
     describe_volcano_wait,
     render_volcano_manifests,
     render_volcano_owner_reference,
     without_policy_kills,
 )
+from airflow_mpi.observe.status import PodState, pod_state_from_k8s
+from airflow_mpi.spec import Gang, MPIJobSpec, Role
 
 Obj = dict[str, Any]
 GVK = tuple[str, str, str, str]  # (group, version, plural, kind)

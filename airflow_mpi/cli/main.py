@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from airflow_mpi.cli_cluster import add_cluster_args, add_cluster_commands
+from airflow_mpi.cli.cluster import add_cluster_args, add_cluster_commands
 from airflow_mpi.exceptions import BackendError, JobFailed, MPIJobError, SpecError, SpecIssue
-from airflow_mpi.naming import RunIdentity
+from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.spec import MPIJobSpec, build_slot_plan
 from airflow_mpi.spec.formats import CONTROL, is_dns1123_label
 
@@ -91,13 +91,13 @@ def cli_identity(spec: MPIJobSpec, args: argparse.Namespace) -> RunIdentity:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """Exactly what the chosen backend creates (with its gang setting, if the spec has one)."""
-    from airflow_mpi.gang import render_gang_manifests
-    from airflow_mpi.plan import render_plan
-    from airflow_mpi.volcano import render_volcano_manifests
+    from airflow_mpi.job.plan import render_plan
+    from airflow_mpi.kinds.gang import render_gang_manifests
+    from airflow_mpi.kinds.volcano import render_volcano_manifests
 
     spec = load_spec(args.spec)
     if args.backend == "mpijob":
-        from airflow_mpi.mpijob import render_mpijob_manifests, render_mpijob_plan
+        from airflow_mpi.kinds.mpijob import render_mpijob_manifests, render_mpijob_plan
 
         plan = render_mpijob_plan(spec, cli_identity(spec, args))
     else:
@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     backend = None
     if args.backend != "local":
-        from airflow_mpi.cli_cluster import cluster_backend
+        from airflow_mpi.cli.cluster import cluster_backend
 
         backend, _ = cluster_backend(args, args.backend)
     return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir, backend=backend)
@@ -155,7 +155,8 @@ def run_job_from_cli(
     import signal
 
     from airflow_mpi.backends.local import LocalBackend
-    from airflow_mpi.runner import JobRunner, plan_for
+    from airflow_mpi.runner.job import JobRunner
+    from airflow_mpi.runner.retries import plan_for
 
     backend = backend if backend is not None else LocalBackend(state_dir=state_dir)
     plan = plan_for(backend, spec, identity)  # an MPIJob's controller names its master
@@ -186,8 +187,8 @@ def run_job_from_cli(
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """The pre-job checks here (``--local``, the default) or in an image (``--image``)."""
-    from airflow_mpi.doctor import run_image_doctor, run_local_doctor
-    from airflow_mpi.preflight import render_doctor_report
+    from airflow_mpi.doctor.checks import render_doctor_report
+    from airflow_mpi.doctor.run import run_image_doctor, run_local_doctor
 
     if args.image:
         from airflow_mpi.backends.kubernetes import KubernetesBackend

@@ -15,9 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_mpi.diagnosis import EvidenceCollector
 from airflow_mpi.exceptions import JobFailed
-from airflow_mpi.logstream import (
+from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.observe.diagnosis import EvidenceCollector
+from airflow_mpi.observe.lines import PartialLine
+from airflow_mpi.observe.output import (
     TAIL_LINES,
     OutputTracker,
     ProgressFilter,
@@ -25,9 +27,7 @@ from airflow_mpi.logstream import (
     build_rank_pods,
     format_tail,
 )
-from airflow_mpi.plan import JobPlan
-from airflow_mpi.podlog import PartialLine
-from airflow_mpi.worldsize import RankStartCheck, rank_start_timeout
+from airflow_mpi.observe.worldsize import RankStartCheck, rank_start_timeout
 
 
 @dataclass(frozen=True)

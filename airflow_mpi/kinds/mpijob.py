@@ -22,8 +22,11 @@ from typing import Any
 from airflow_mpi import contract
 from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, PodPaths
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.gang import KUEUE_QUEUE_LABEL, group_size, sum_requests
-from airflow_mpi.manifests import (
+from airflow_mpi.job.naming import LABEL_INDEX, RunIdentity, build_host_name, build_job_name
+from airflow_mpi.job.plan import JobPlan, PodPlan, render_plan
+from airflow_mpi.job.ssh import SshMaterial
+from airflow_mpi.kinds.gang import KUEUE_QUEUE_LABEL, group_size, sum_requests
+from airflow_mpi.kinds.manifests import (
     PLACEHOLDER_UID,
     VOLUME_CONFIG,
     VOLUME_SSH,
@@ -33,13 +36,10 @@ from airflow_mpi.manifests import (
     render_secret,
     require_image,
 )
-from airflow_mpi.naming import LABEL_INDEX, RunIdentity, build_host_name, build_job_name
-from airflow_mpi.plan import JobPlan, PodPlan, render_plan
+from airflow_mpi.kinds.volcano import share_worker_host_key
+from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, HostsMode, MPIJobSpec, Role
 from airflow_mpi.spec.formats import DNS_LABEL
-from airflow_mpi.ssh import SshMaterial
-from airflow_mpi.status import PodState
-from airflow_mpi.volcano import share_worker_host_key
 
 MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
 LAUNCHER = "Launcher"

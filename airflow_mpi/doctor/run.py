@@ -1,4 +1,4 @@
-"""``airflow-mpi doctor``: run the pre-job checks (``launch.sh doctor``) here or in an image.
+"""``airflow-mpi doctor``: run the pre-job checks (``scripts/doctor.sh``) here or in an image.
 
 ``--local`` runs them on this machine with the environment local pods get; ``--image`` runs them
 in one short pod of the image on Kubernetes, which is deleted afterwards whatever happens. What
@@ -20,16 +20,16 @@ from typing import Any
 
 from airflow_mpi.backends.k8s_errors import FORBIDDEN, NOT_FOUND, UNAUTHORIZED, api_status, describe
 from airflow_mpi.backends.local import LocalBackend, check_prerequisites
-from airflow_mpi.exceptions import BackendUnavailable
-from airflow_mpi.preflight import (
+from airflow_mpi.doctor.checks import (
     CheckResult,
     build_doctor_env,
     describe_pod_end,
     parse_doctor_output,
     render_doctor_pod,
 )
-from airflow_mpi.scripts import launch_script_text
-from airflow_mpi.status import FATAL_WAITING_REASONS, pod_state_from_k8s
+from airflow_mpi.exceptions import BackendUnavailable
+from airflow_mpi.observe.status import FATAL_WAITING_REASONS, pod_state_from_k8s
+from airflow_mpi.scripts import doctor_script_text
 
 LOCAL_TIMEOUT = 120.0
 POLL_INTERVAL = 1.0
@@ -59,7 +59,7 @@ def run_local_doctor(path: str | None = None, timeout: float = LOCAL_TIMEOUT) ->
         **build_doctor_env(runtime_dir, _free_port()),
     }
     proc = subprocess.Popen(
-        ["bash", "-c", launch_script_text(), "launch.sh", "doctor"],
+        ["bash", "-c", doctor_script_text(), "doctor"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -89,7 +89,7 @@ def _free_port() -> int:
 def run_image_doctor(core: Any, image: str, namespace: str, timeout: float = 300.0) -> DoctorReport:
     """The checks in one pod of ``image``: create it, wait until it ends, read its log, delete it."""
     name = f"airflow-mpi-doctor-{secrets.token_hex(4)}"
-    manifest = render_doctor_pod(name, namespace, image, launch_script_text(), deadline_seconds=int(timeout))
+    manifest = render_doctor_pod(name, namespace, image, doctor_script_text(), deadline_seconds=int(timeout))
     _call("create", "pods", namespace, lambda: core.create_namespaced_pod(namespace, manifest))
     try:
         pod = _wait_until_ended(core, name, namespace, timeout)

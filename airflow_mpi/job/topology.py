@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from airflow_mpi import contract
 from airflow_mpi.contract import Role
-from airflow_mpi.naming import build_host_name, build_pod_name
+from airflow_mpi.job.naming import build_host_name, build_pod_name
 from airflow_mpi.spec import MPIJobSpec, SlotPlan, build_slot_plan, parse_cpu
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.exceptions import BackendUnavailable
-from airflow_mpi.jobtable import gc_verdict, parse_duration, render_table
-from airflow_mpi.podlog import PartialLine
+from airflow_mpi.observe.jobtable import gc_verdict, parse_duration, render_table
+from airflow_mpi.observe.lines import PartialLine
 from airflow_mpi.spec import MPIJobSpec
 from airflow_mpi.spec.formats import CONTROL, is_dns1123_label
 

@@ -11,8 +11,8 @@ from typing import Any
 from airflow_mpi import contract
 from airflow_mpi.contract import DEADLINE_GRACE_SECONDS
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.naming import LABEL_JOB, LABEL_PREFIX
-from airflow_mpi.plan import JobPlan, PodPlan
+from airflow_mpi.job.naming import LABEL_JOB, LABEL_PREFIX
+from airflow_mpi.job.plan import JobPlan, PodPlan
 from airflow_mpi.spec import RoleSpec, Volume, render_cpu
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # the Service's uid, known after create

@@ -20,7 +20,10 @@ from typing import Any
 
 from airflow_mpi import contract
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.manifests import (
+from airflow_mpi.job.naming import LABEL_INDEX
+from airflow_mpi.job.plan import JobPlan, PodPlan
+from airflow_mpi.job.ssh import SshMaterial
+from airflow_mpi.kinds.manifests import (
     PLACEHOLDER_UID,
     VOLUME_CONFIG,
     VOLUME_SSH,
@@ -30,11 +33,8 @@ from airflow_mpi.manifests import (
     render_secret,
     require_image,
 )
-from airflow_mpi.naming import LABEL_INDEX
-from airflow_mpi.plan import JobPlan, PodPlan
+from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, Role
-from airflow_mpi.ssh import SshMaterial
-from airflow_mpi.status import PodState
 
 VOLCANO_JOB = ("batch.volcano.sh", "v1alpha1", "jobs", "Job")
 DEFAULT_QUEUE = "default"

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.spec import Role
-from airflow_mpi.status import PodPhase, PodState
 
 
 class HostProblem(str, Enum):

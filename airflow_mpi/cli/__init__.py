@@ -1,0 +1,1 @@
+"""The ``airflow-mpi`` command line."""

@@ -1,0 +1,1 @@
+"""The job flow, Airflow-free: create, sshd ready, master, stream, result, teardown on every path."""
