@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from airflow_mpi.cli.main import main
-from airflow_mpi.doctor.checks import CHECKS
 from airflow_mpi.doctor import run as doctor
+from airflow_mpi.doctor.checks import CHECKS
 from tests.api_checks import object_problems
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.faults import FaultRow

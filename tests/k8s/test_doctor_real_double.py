@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_mpi.doctor.checks import CHECKS, DOCTOR_RUNTIME_DIR
 from airflow_mpi.doctor import run as doctor
+from airflow_mpi.doctor.checks import CHECKS, DOCTOR_RUNTIME_DIR
 from tests.doubles.kube_double import KubeDouble
 from tests.k8s.test_doctor_k8s import doctor_pods, run_doctor
 
