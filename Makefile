@@ -13,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help setup system demo test unit lint format bench bench-quick clean doctor faults cluster-build cluster-up cluster-down
+.PHONY: help setup system demo test browser unit lint format bench bench-quick clean doctor faults cluster-build cluster-up cluster-down
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -53,7 +53,14 @@ format: $(STAMP) ## apply ruff's fixes and formatting
 unit: $(STAMP) ## the pure core's tests only (seconds)
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
-test: setup lint cluster-build ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane
+# Debian's Chromium and ChromeDriver (no browser download) for the browser tier, tests/browser.
+browser: ## Chromium and ChromeDriver from Debian's packages, for the browser tier
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		echo "browser: apt-get install chromium chromium-driver"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
+	fi
+
+test: setup lint cluster-build browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane, the UI in a browser
 	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The real Kubernetes control plane and controllers, built from upstream source through the Go

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from airflow_mpi import __version__
 from airflow_mpi.cli.cluster import add_cluster_args, add_cluster_commands
 from airflow_mpi.exceptions import BackendError, JobFailed, MPIJobError, SpecError, SpecIssue
 from airflow_mpi.job.naming import RunIdentity
@@ -259,6 +260,7 @@ def _directory_arg(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="airflow-mpi", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"airflow-mpi {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add_spec_args(sub: argparse.ArgumentParser) -> None:

@@ -51,7 +51,10 @@ class MPIJobOperator(BaseOperator):
 
     :param job: an ``MPIJobSpec``, or a dict with its fields (templated).
     :param mpi_conn_id: connection of type ``mpi`` choosing the backend; local if it does not exist.
-    :param deferrable: wait in triggers instead of a worker slot (Kubernetes backend).
+    :param deferrable: wait in triggers instead of a worker slot (Kubernetes backends). Default:
+        ``[operators] default_deferrable``, as for Airflow's own deferrable operators; where that
+        default meets a backend whose pods live in the worker process (``local``), the task waits
+        in the worker and says so. An explicit ``deferrable=True`` there fails instead.
     :param reattach: on a retry, reattach to the job an earlier try left running.
     """
 
@@ -65,12 +68,14 @@ class MPIJobOperator(BaseOperator):
         *,
         job: MPIJobSpec | Mapping[str, Any],
         mpi_conn_id: str = MPIJobHook.default_conn_name,
-        deferrable: bool = False,
+        deferrable: bool | None = None,
         reattach: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        issues = check_operator_arguments(job, mpi_conn_id, deferrable, reattach)
+        issues = check_operator_arguments(
+            job, mpi_conn_id, default_deferrable() if deferrable is None else deferrable, reattach
+        )
         if isinstance(job, MPIJobSpec | Mapping):
             try:  # no templates: a bad spec fails the DAG import, not a run
                 job = job.validated().to_dict() if isinstance(job, MPIJobSpec) else job
@@ -83,7 +88,9 @@ class MPIJobOperator(BaseOperator):
         assert isinstance(job, Mapping)
         self.job = dict(job)
         self.mpi_conn_id = mpi_conn_id
-        self.deferrable = deferrable
+        # None: the configured default, which gives way to a backend that cannot defer.
+        self.deferrable_by_default = deferrable is None
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.reattach = reattach
         self._runner: JobRunner | None = None
 
@@ -95,6 +102,14 @@ class MPIJobOperator(BaseOperator):
             backend = MPIJobHook(self.mpi_conn_id).get_backend()
         except (SpecError, BackendUnavailable) as error:
             raise AirflowFailException(str(error)) from error  # retrying cannot fix these
+        if self.deferrable and self.deferrable_by_default and not isinstance(backend, DeferrableBackend):
+            self.log.info(
+                "[operators] default_deferrable is True, but connection %r gives the %s backend, whose pods "
+                "live in the worker process: this task waits in the worker",
+                self.mpi_conn_id,
+                backend.name,
+            )
+            self.deferrable = False
         if self.deferrable:
             self._deferrable(backend)
         return spec, run_identity(context), backend
@@ -320,6 +335,15 @@ def check_operator_arguments(job: object, mpi_conn_id: object, deferrable: objec
         if not isinstance(value, bool):
             issues.append(SpecIssue(name, f"is {value!r:.60}, not True or False", f"pass {name}=True or False"))
     return issues
+
+
+def default_deferrable() -> bool:
+    """``[operators] default_deferrable`` (False when unset), as Airflow's deferrable operators read it."""
+    try:  # the Task SDK's configuration (Airflow 3.1+); before it, the core's
+        from airflow.sdk.configuration import conf
+    except ImportError:  # pragma: no cover - Airflow 3.0
+        from airflow.configuration import conf
+    return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
 
 
 def _starts_master_with_workers(runner: JobRunner) -> bool:

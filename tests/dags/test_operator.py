@@ -110,3 +110,42 @@ def test_operator_on_kill_removes_the_job() -> None:
     assert not thread.is_alive()
     assert operator._runner is not None
     assert operator._runner.backend.leftovers(operator._runner.job_name) == []
+
+
+SMALL_JOB = {"name": "small", "command": ["true"], "workers": {"replicas": 1}}
+
+
+def _context() -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    return {"ti": SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=-1, try_number=1)}
+
+
+def test_deferrable_defaults_to_airflows_setting_as_the_providers_operators_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_mpi.operators.mpi import MPIJobOperator
+
+    assert MPIJobOperator(task_id="unset", job=SMALL_JOB).deferrable is False
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
+    by_default = MPIJobOperator(task_id="by_default", job=SMALL_JOB)
+    assert (by_default.deferrable, by_default.deferrable_by_default) == (True, True)
+    assert MPIJobOperator(task_id="explicit", job=SMALL_JOB, deferrable=False).deferrable is False
+
+
+def test_the_configured_default_gives_way_on_the_local_backend_but_an_explicit_true_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The local backend's pods live in the worker process: a task deferred only because of the
+    configured default waits in the worker (and says so); one that asked to defer fails at once."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_mpi.operators.mpi import MPIJobOperator
+
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
+    monkeypatch.setenv("AIRFLOW_CONN_MPI_DEFAULT", '{"conn_type": "mpi", "extra": {"backend": "local"}}')
+    by_default = MPIJobOperator(task_id="by_default", job=SMALL_JOB)
+    _, _, backend = by_default._prepare(_context())
+    assert backend.name == "local" and by_default.deferrable is False
+    assert "waits in the worker" in caplog.text
+    asked = MPIJobOperator(task_id="asked", job=SMALL_JOB, deferrable=True)
+    with pytest.raises(AirflowFailException, match="deferrable=True needs the kubernetes backend"):
+        asked._prepare(_context())
