@@ -141,10 +141,6 @@ class PodPaths:
         return self.controller_hostfile or f"{self.config_dir}/hostfile"
 
     @property
-    def mpiexec_args(self) -> str:
-        return f"{self.config_dir}/mpiexec.args"
-
-    @property
     def ssh_dir(self) -> str:
         """The private copy of the ssh material the launch script installs (0700)."""
         return f"{self.runtime_dir}/ssh"

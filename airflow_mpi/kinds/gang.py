@@ -33,7 +33,6 @@ KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 # A failed member is not waited for: Airflow owns retries, so the group ends with the failure.
 KUEUE_RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
-KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
 KUEUE_FINALIZER = "kueue.x-k8s.io/managed"
 
 # (group, version, plural, kind) of each PodGroup; Kueue's Workload is created by Kueue itself.

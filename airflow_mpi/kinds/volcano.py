@@ -39,15 +39,9 @@ from airflow_mpi.spec import Gang, Role
 VOLCANO_JOB = ("batch.volcano.sh", "v1alpha1", "jobs", "Job")
 DEFAULT_QUEUE = "default"
 DEFAULT_SCHEDULER = "volcano"
-TASK_MASTER = Role.MASTER.value
-TASK_WORKER = Role.WORKER.value
 PLUGINS: dict[str, list[str]] = {"svc": [], "env": []}
 ENDING_EVENTS = ["PodFailed", "PodEvicted"]
-# Volcano's own label on the pods of a job (its Service and our leftovers check select by it).
-LABEL_VOLCANO_JOB = "volcano.sh/job-name"
-# Job phases: success, failure, and waiting for the queue (no pods exist yet).
-SUCCEEDED_PHASES = frozenset({"Completed"})
-FAILED_PHASES = frozenset({"Terminated", "Failed", "Aborted"})
+# The Job's phases while it waits for the queue (no pods exist yet).
 QUEUED_PHASES = frozenset({"", "Pending"})
 
 
