@@ -132,7 +132,7 @@ def test_deferrable_defaults_to_airflows_setting_as_the_providers_operators_do(m
 
 
 def test_the_configured_default_gives_way_on_the_local_backend_but_an_explicit_true_fails(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """The local backend's pods live in the worker process: a task deferred only because of the
     configured default waits in the worker (and says so); one that asked to defer fails at once."""
@@ -145,7 +145,8 @@ def test_the_configured_default_gives_way_on_the_local_backend_but_an_explicit_t
     by_default = MPIJobOperator(task_id="by_default", job=SMALL_JOB)
     _, _, backend = by_default._prepare(_context())
     assert backend.name == "local" and by_default.deferrable is False
-    assert "waits in the worker" in caplog.text
+    out, err = capfd.readouterr()
+    assert "waits in the worker" in out + err
     asked = MPIJobOperator(task_id="asked", job=SMALL_JOB, deferrable=True)
     with pytest.raises(AirflowFailException, match="deferrable=True needs the kubernetes backend"):
         asked._prepare(_context())
