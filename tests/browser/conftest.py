@@ -9,16 +9,13 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.airflow_processes import Airflow, airflow_processes
-from tests.doubles.kube_double import KubeDouble, ScriptedKubelet
-from tests.k8s.conftest import Scripts
+from tests.airflow_processes import Airflow, airflow_processes, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -57,30 +54,16 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def scripts() -> Scripts:
-    return Scripts()
-
-
-@pytest.fixture(scope="module")
-def kube(scripts: Scripts) -> Iterator[KubeDouble]:
-    double = KubeDouble(ScriptedKubelet(scripts))
-    double.start()
-    yield double
-    double.stop()
-
-
-@pytest.fixture(scope="module")
-def ui(kube: KubeDouble) -> Iterator[Airflow]:
-    """Airflow with the example DAG (local backend), the tier's own DAGs, and connections: the
-    local backend (``mpi_default``), the API double (``mpi_k8s``), and a Kubernetes API nobody
-    serves (``kube_unreachable``, for the connection test's failure). The home is not under
+def ui() -> Iterator[Airflow]:
+    """Airflow with the example DAG (local backend), the tier's own DAG, and connections: the
+    local backend (``mpi_default``), and a Kubernetes API nobody serves (``kube_unreachable``,
+    for the connection test's failure). The home is not under
     /tmp: a local pod gets a /tmp of its own, and the example's ranks run its training script."""
     home = Path(tempfile.mkdtemp(prefix="airflow-mpi-ui-", dir="/var/tmp")) / "home"
     dags = {"ui_dags.py": (Path(__file__).parent / "ui_dags.py").read_text()}
     for path in (REPO / "dags").rglob("*.py"):
         if path.name.startswith("mpi_training_pipeline") or "scripts" in path.parts:
             dags[str(path.relative_to(REPO / "dags"))] = path.read_text()
-    kube_conn = {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kube.kubeconfig())}}
     unreachable = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
                    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
@@ -89,20 +72,8 @@ def ui(kube: KubeDouble) -> Iterator[Airflow]:
         "AIRFLOW_CONN_MPI_DEFAULT": json.dumps(
             {"conn_type": "mpi", "extra": {"backend": "local", "job_url_template": JOB_URL}}
         ),
-        "AIRFLOW_CONN_KUBE_DOUBLE": json.dumps(kube_conn),
         "AIRFLOW_CONN_KUBE_UNREACHABLE": json.dumps(
             {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(unreachable)}}
-        ),
-        "AIRFLOW_CONN_MPI_K8S": json.dumps(
-            {
-                "conn_type": "mpi",
-                "extra": {
-                    "backend": "kubernetes",
-                    "kubernetes_conn_id": "kube_double",
-                    "namespace": "default",
-                    "job_url_template": JOB_URL,
-                },
-            }
         ),
     }
     with airflow_processes(home, dags, env=env, AIRFLOW__CORE__TEST_CONNECTION="Enabled") as processes:
@@ -111,17 +82,10 @@ def ui(kube: KubeDouble) -> Iterator[Airflow]:
 
 
 def until(what: str, check: Callable[[], Any], timeout: float, ui: Airflow, driver: Any = None) -> Any:
-    """``check()`` until it is truthy; on timeout the Airflow logs (and a screenshot) say why."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = check()
-        except Exception:
-            got = None
-        if got:
-            return got
-        time.sleep(0.5)
-    if driver is not None:
-        driver.save_screenshot(str(ARTIFACTS / f"timeout-{what.replace(' ', '-')[:40]}.png"))
-    logs = "\n".join(f"--- {name}\n{ui.tail(name)}" for name in ("scheduler", "triggerer", "api-server"))
-    raise AssertionError(f"{what}: not within {timeout}s\n{logs}")
+    """``wait_for``, keeping a screenshot of the page when it times out."""
+
+    def screenshot(what: str) -> None:
+        if driver is not None:
+            driver.save_screenshot(str(ARTIFACTS / f"timeout-{what.replace(' ', '-')[:40]}.png"))
+
+    return wait_for(what, check, timeout, ui, screenshot)

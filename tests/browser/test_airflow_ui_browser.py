@@ -107,7 +107,9 @@ def test_a_run_triggered_from_the_ui_shows_the_ranks_live_and_every_line_once_af
     assert text.count("AIRFLOW_MPI_RESULT") == 1
 
 
-def test_a_failed_task_shows_the_rank_and_exit_code_that_ended_it(ui: Airflow, browser: Any) -> None:
+def test_a_failed_task_shows_the_rank_and_exit_code_that_ended_it_and_links_to_its_job(
+    ui: Airflow, browser: Any
+) -> None:
     dag_id = "ui_fail"
     run_id = trigger_from_the_ui(ui, browser, dag_id)
     until("train failed", lambda: task_state(ui, dag_id, run_id, "train") == "failed", 300, ui)
@@ -115,6 +117,20 @@ def test_a_failed_task_shows_the_rank_and_exit_code_that_ended_it(ui: Airflow, b
     cause = re.compile(r"rank 1 on pod uifail-[0-9a-f]{8}-worker-0 exited with code 3")
     until("the cause on the log page", lambda: cause.search(page_text(browser)), 60, ui, browser)
     shot(browser, "05-failed-task")
+    # The task stored its "MPI job" link when it submitted the job: the Details tab lists it.
+    from selenium.webdriver.common.by import By
+
+    press(browser, until("the Details tab", lambda: _tab(browser, "Details"), 30, ui, browser))
+    links = until(
+        "the MPI job link",
+        lambda: [a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "MPI job"],
+        60,
+        ui,
+        browser,
+    )
+    href = links[0].get_attribute("href") or ""
+    assert re.fullmatch(rf"https://dash\.example/local/uifail-[0-9a-f]{{8}}\?dag={dag_id}&task=train&try=1", href), href
+    shot(browser, "04-job-link")
 
 
 def test_the_mpi_connection_form_shows_its_fields_and_its_test(ui: Airflow, browser: Any) -> None:

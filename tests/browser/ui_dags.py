@@ -1,5 +1,4 @@
-"""The browser tier's DAGs: a deferrable job on the API double (its master prints for a while),
-and a job whose rank 1 exits with 3 on the local backend."""
+"""The browser tier's own DAG: a job whose rank 1 exits with 3, on the local backend."""
 
 from __future__ import annotations
 
@@ -11,22 +10,6 @@ from airflow.sdk import DAG
 from airflow_mpi.operators.mpi import MPIJobOperator
 
 START = datetime(2026, 1, 1)
-
-with DAG("ui_deferred", schedule=None, start_date=START, catchup=False):
-    MPIJobOperator(
-        task_id="train",
-        job={
-            "name": "uidefer",
-            "image": "registry.example/train:1",
-            "command": ["python", "/app/t.py"],
-            "workers": {"replicas": 1},
-            "startup_timeout": 60,
-            "timeout": 300,
-        },
-        mpi_conn_id="mpi_k8s",
-        deferrable=True,
-        retries=0,
-    )
 
 with DAG("ui_fail", schedule=None, start_date=START, catchup=False):
     MPIJobOperator(
