@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,11 @@ def with_missing(call: Any) -> None:
         pass
 
 
-def wait_for(what: str, check: Any, timeout: float, airflow: Airflow) -> Any:
+def wait_for(
+    what: str, check: Any, timeout: float, airflow: Airflow, on_timeout: Callable[[str], object] | None = None
+) -> Any:
+    """``check()`` until it is truthy; on timeout the Airflow processes' logs say why
+    (``on_timeout(what)`` first keeps what else shows it, e.g. a screenshot)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -117,6 +121,8 @@ def wait_for(what: str, check: Any, timeout: float, airflow: Airflow) -> Any:
         if got:
             return got
         time.sleep(0.5)
+    if on_timeout is not None:
+        on_timeout(what)
     logs = "\n".join(f"--- {name}\n{airflow.tail(name)}" for name in ("scheduler", "triggerer", "api-server"))
     raise AssertionError(f"{what}: not within {timeout}s\n{logs}")
 

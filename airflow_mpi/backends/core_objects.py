@@ -33,6 +33,7 @@ from airflow_mpi.backends.k8s_errors import (
 )
 from airflow_mpi.exceptions import BackendError, LaunchError
 from airflow_mpi.job.naming import LABEL_JOB
+from airflow_mpi.observe.cursor import followed_log_call
 
 Obj = dict[str, Any]
 # Each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
@@ -210,19 +211,9 @@ class CoreObjects:
     def open_log(self, namespace: str, pod: str, since_time: str | None, read_timeout: float) -> Any:
         """The pod's log as a followed stream, each line stamped (``timestamps=true``), from
         ``since_time`` (RFC 3339) when given. The caller reads and closes the response."""
-        query = [("container", contract.CONTAINER_NAME), ("follow", "true"), ("timestamps", "true")]
-        if since_time:
-            query.append(("sinceTime", since_time))  # the client has no since_time parameter
-        return self.api_client.call_api(
-            f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
-            "GET",
-            query_params=query,
-            header_params={"Accept": "*/*"},
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-            _preload_content=False,
-            _request_timeout=self.silence.request_timeout(time.monotonic(), read=read_timeout),
-        )
+        path, arguments = followed_log_call(namespace, pod, since_time)
+        timeout = self.silence.request_timeout(time.monotonic(), read=read_timeout)
+        return self.api_client.call_api(path, "GET", **arguments, _request_timeout=timeout)
 
     def read_log(self, namespace: str, pod: str) -> bytes:
         """The pod's whole log as it is now (translated errors; 404 when the pod is not there)."""

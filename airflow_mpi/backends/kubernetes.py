@@ -322,13 +322,9 @@ class KubernetesBackend:
             yield last
 
     def _master_pod(self, job: WatchedJob) -> str:
-        """The master's own pod name: a generated master's newest pod (its host name is the
-        expected name)."""
-        if not self.kind.master_generated:
-            return job.master
+        """The master's own pod name (a generated master's newest pod; its expected name until then)."""
         with job.watcher.cond:
-            generated = job.watcher.table.generated(job.master, Role.MASTER)
-        return generated[-1] if generated else job.master
+            return self.kind.master_pod_now(job.watcher.table, job.master) or job.master
 
     def pod_log_tail(self, job_name: str, pod: str, lines: int = 20) -> list[str]:
         """The pod's last lines, for a failure message: [] when they cannot be had quickly."""
@@ -384,7 +380,7 @@ class KubernetesBackend:
         with watcher.cond:
             if plan.master.name in watcher.table.pods or kind.master_generated:
                 job.roles[plan.master.name] = Role.MASTER
-            unseen = kind.master_generated and not watcher.table.generated(plan.master.name, Role.MASTER)
+            unseen = kind.master_pod_now(watcher.table, plan.master.name) is None
         if unseen and kind.top is not None and kind.explains_master_deletion:
             # Its master pod may have gone before this watch began: the top object says why.
             failure = kind.master_gone_failure(self.custom.get(namespace, kind.top, plan.job_name))
@@ -404,9 +400,9 @@ class KubernetesBackend:
 
     def master_pod_name(self, job_name: str, namespace: str) -> str:
         """The pod whose log is the job's (an MPIJob's: its newest launcher pod)."""
-        kind = self.kind
-        pods = self.objects.list(namespace, "pods", kind.master_selector(job_name)) if kind.master_generated else []
-        return kind.master_pod(job_name, pods)
+        selector = self.kind.master_selector(job_name)
+        pods = self.objects.list(namespace, "pods", selector) if selector else []
+        return self.kind.master_pod(job_name, pods)
 
 
 def configure_client(configuration: Any, concurrency: int = 16) -> Any:

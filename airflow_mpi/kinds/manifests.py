@@ -277,3 +277,11 @@ def _toleration(toleration: Any) -> Manifest:
         if value is not None:
             out[key] = value
     return out
+
+
+def downward_pod_name(item: dict[str, Any]) -> dict[str, Any]:
+    """An env item of the pod's own name, given by the API instead (a controller's template
+    serves every pod of a role, so the name cannot be written into it)."""
+    if item["name"] != contract.ENV_POD_NAME:
+        return item
+    return {"name": item["name"], "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}

@@ -17,7 +17,6 @@ mounted on the launcher at ``/etc/mpi``): ours get other names and our config di
 from __future__ import annotations
 
 import base64
-from typing import Any
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, PodPaths
@@ -31,6 +30,7 @@ from airflow_mpi.kinds.manifests import (
     VOLUME_CONFIG,
     VOLUME_SSH,
     Manifest,
+    downward_pod_name,
     render_config_map,
     render_pod,
     render_secret,
@@ -217,19 +217,12 @@ def _template(plan: JobPlan, first: PodPlan, namespace: str) -> Manifest:
         elif volume["name"] == VOLUME_SSH:
             volume["secret"]["secretName"] = mpijob_secret_name(plan.job_name)
     container = pod_spec["containers"][0]
-    env = [_downward_pod_name(item) if first.role is Role.WORKER else item for item in container["env"]]
+    env = [downward_pod_name(item) if first.role is Role.WORKER else item for item in container["env"]]
     env.append({"name": contract.ENV_CONFIG_DIR, "value": plan.paths.config_dir})
     if first.role is Role.MASTER and plan.spec.hosts_mode is HostsMode.HOSTFILE:
         env.append({"name": contract.ENV_HOSTFILE, "value": plan.paths.hostfile})
     container["env"] = env
     return {"metadata": {"labels": labels, "annotations": dict(metadata["annotations"])}, "spec": pod_spec}
-
-
-def _downward_pod_name(item: dict[str, Any]) -> dict[str, Any]:
-    """A worker's own name from the API (= its host name; one template serves every worker)."""
-    if item["name"] != contract.ENV_POD_NAME:
-        return item
-    return {"name": item["name"], "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
 
 
 def render_mpijob_known_hosts(plan: JobPlan, namespace: str) -> str:

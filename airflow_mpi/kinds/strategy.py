@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from airflow_mpi.job.naming import LABEL_ROLE, RunIdentity, build_pod_name, job_selector
+from airflow_mpi.job.naming import RunIdentity, build_pod_name, job_selector
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
 from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, render_owner_reference
@@ -41,7 +41,7 @@ from airflow_mpi.kinds.volcano import (
     render_volcano_owner_reference,
     without_policy_kills,
 )
-from airflow_mpi.observe.status import PodState, pod_state_from_k8s
+from airflow_mpi.observe.status import PodState, PodTable, pod_state_from_k8s
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
 
 Obj = dict[str, Any]
@@ -71,8 +71,6 @@ class JobKind:
     # The custom object a job of this kind is (None: our own objects, owned by a Service).
     top: ClassVar[GVK | None] = None
     top_label: ClassVar[str] = "Service"  # for messages: "Volcano job", "MPIJob"
-    # (apiVersion, kind) of the owner of the job's own objects.
-    top_owner: ClassVar[tuple[str, str]] = ("v1", "Service")
     # Our Secret and ConfigMap are created before the top object (its controller starts pods at
     # once, and a pod must find its volumes), then made its dependents.
     ours_before_top: ClassVar[bool] = False
@@ -80,6 +78,14 @@ class JobKind:
     master_generated: ClassVar[bool] = False
     # The top object says why the master pod was deleted (read once, when it is).
     explains_master_deletion: ClassVar[bool] = False
+
+    @property
+    def top_owner(self) -> tuple[str, str]:
+        """(apiVersion, kind) of the owner of the job's own objects: the top object."""
+        if self.top is None:
+            return ("v1", "Service")
+        group, version, _, kind = self.top
+        return (f"{group}/{version}", kind)
 
     def render(self, plan: JobPlan, namespace: str) -> list[Obj]:
         """Every object the job is made of, in creation order (the top object first)."""
@@ -125,12 +131,22 @@ class JobKind:
         return self.observe(states, deleting)
 
     def master_pod(self, job_name: str, pods: list[Obj]) -> str:
-        """The pod whose log is the job's (``pods``: those ``master_selector`` lists)."""
+        """The pod whose log is the job's (``pods``: those ``master_selector`` lists, if any)."""
         return build_pod_name(job_name, Role.MASTER, 0)
 
-    def master_selector(self, job_name: str) -> str:
-        """The label selector of the master's pods (a generated master may have had several)."""
-        return f"{job_selector(job_name)},{LABEL_ROLE}={Role.MASTER.value}"
+    def master_pod_now(self, table: PodTable, master: str) -> str | None:
+        """The master's own pod as the watch sees it: ``master`` once seen, or a generated
+        master's newest pod; None while there is none (a controller creates the pods after
+        the job is submitted: a log read before then is a 404 that says nothing)."""
+        if not self.master_generated:
+            return master if master in table.pods else None
+        generated = table.generated(master, Role.MASTER)
+        return generated[-1] if generated else None
+
+    def master_selector(self, job_name: str) -> str | None:
+        """The label selector of a generated master's pods (it may have had several); None:
+        the master's name is fixed, nothing to list."""
+        return None
 
     # --- queued ---------------------------------------------------------------------------
 
@@ -177,7 +193,6 @@ class VolcanoKind(JobKind):
     name = "volcano"
     top = VOLCANO_JOB
     top_label = "Volcano job"
-    top_owner = (f"{VOLCANO_JOB[0]}/{VOLCANO_JOB[1]}", VOLCANO_JOB[3])
 
     def render(self, plan: JobPlan, namespace: str) -> list[Obj]:
         """The Volcano Job, our Secret, our ConfigMap."""
@@ -225,7 +240,6 @@ class MPIJobKind(JobKind):
     name = "mpijob"
     top = MPIJOB
     top_label = "MPIJob"
-    top_owner = (f"{MPIJOB[0]}/{MPIJOB[1]}", MPIJOB[3])
     launcher_owner: ClassVar[tuple[str, str]] = ("batch/v1", "Job")  # the launcher pod's owner
     ours_before_top = True
     master_generated = True

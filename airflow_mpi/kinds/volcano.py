@@ -16,9 +16,7 @@ per-pod Secret items.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from airflow_mpi import contract
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import LABEL_INDEX
 from airflow_mpi.job.plan import JobPlan, PodPlan
@@ -28,6 +26,7 @@ from airflow_mpi.kinds.manifests import (
     VOLUME_CONFIG,
     VOLUME_SSH,
     Manifest,
+    downward_pod_name,
     render_config_map,
     render_pod,
     render_secret,
@@ -160,15 +159,8 @@ def _template(plan: JobPlan, first: PodPlan, namespace: str) -> Manifest:
         elif volume["name"] == VOLUME_SSH:
             volume["secret"]["secretName"] = volcano_secret_name(plan.job_name)
     container = pod_spec["containers"][0]
-    container["env"] = [_downward_pod_name(item) for item in container["env"]]
+    container["env"] = [downward_pod_name(item) for item in container["env"]]
     return {"metadata": {"labels": labels, "annotations": dict(metadata["annotations"])}, "spec": pod_spec}
-
-
-def _downward_pod_name(item: dict[str, Any]) -> dict[str, Any]:
-    """The pod's own name from the API (one template serves every pod of a task)."""
-    if item["name"] != contract.ENV_POD_NAME:
-        return item
-    return {"name": item["name"], "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
 
 
 def without_policy_kills(states: list[PodState]) -> list[PodState]:

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
+from airflow_mpi import contract
 from airflow_mpi.observe.lines import RankLineSplitter
 
 MAX_STAMP_BYTES = 40  # "2026-11-29T20:00:01.123456789Z" and the space after it
@@ -202,3 +203,19 @@ def split_timestamped(line: str) -> tuple[int, str]:
     """``"<RFC3339Nano> text"`` (a ``timestamps=true`` log line) -> (ns, text)."""
     stamp, _, text = line.partition(" ")
     return parse_log_timestamp(stamp), text
+
+
+def followed_log_call(namespace: str, pod: str, since: str | None) -> tuple[str, dict[str, Any]]:
+    """The path and ``call_api`` arguments (both Kubernetes clients, sync and async, take the
+    same) of a pod's log followed with a stamp on every line, from ``since`` (the cursor's
+    RFC 3339 resume point) when given; the caller adds its ``_request_timeout``."""
+    query = [("container", contract.CONTAINER_NAME), ("follow", "true"), ("timestamps", "true")]
+    if since:
+        query.append(("sinceTime", since))  # the clients have no since_time parameter
+    return f"/api/v1/namespaces/{namespace}/pods/{pod}/log", {
+        "query_params": query,
+        "header_params": {"Accept": "*/*"},
+        "auth_settings": ["BearerToken"],
+        "_return_http_data_only": True,
+        "_preload_content": False,
+    }

@@ -217,11 +217,18 @@ class PodTable:
                     if state.name == newest or state.name not in generated
                 ]
                 continue
-            if name in self.deleted or any(gone.startswith(f"{name}-") for gone in self.deleted):
+            if self.was_deleted(name, role):
                 states.append(PodState(name, role, PodPhase.FAILED, reason="Deleted", message="the pod was deleted"))
             else:
                 states.append(PodState(name, role, PodPhase.PENDING))
         return states
+
+    def was_deleted(self, name: str, role: Role) -> bool:
+        """Whether the expected pod ``name`` (or the pod a controller generated for it) is gone
+        after the watch saw it: deleted, and none of its generated pods is left."""
+        if name in self.pods or self.generated(name, role):
+            return False
+        return name in self.deleted or any(gone.startswith(f"{name}-") for gone in self.deleted)
 
     def generated(self, name: str, role: Role) -> list[str]:
         """Pods of ``role`` named ``<name>-<suffix>``, oldest first: the pods a controller made

@@ -73,9 +73,10 @@ class MPIJobOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        issues = check_operator_arguments(
-            job, mpi_conn_id, default_deferrable() if deferrable is None else deferrable, reattach
-        )
+        # None: the configured default, which gives way to a backend that cannot defer.
+        self.deferrable_by_default = deferrable is None
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
+        issues = check_operator_arguments(job, mpi_conn_id, self.deferrable, reattach)
         if isinstance(job, MPIJobSpec | Mapping):
             try:  # no templates: a bad spec fails the DAG import, not a run
                 job = job.validated().to_dict() if isinstance(job, MPIJobSpec) else job
@@ -88,9 +89,6 @@ class MPIJobOperator(BaseOperator):
         assert isinstance(job, Mapping)
         self.job = dict(job)
         self.mpi_conn_id = mpi_conn_id
-        # None: the configured default, which gives way to a backend that cannot defer.
-        self.deferrable_by_default = deferrable is None
-        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.reattach = reattach
         self._runner: JobRunner | None = None
 

@@ -30,15 +30,15 @@ class KindReads:
         self.master_gone_failure: str | None = None
         self._master_gone_read = False
 
-    async def read(
-        self, table: PodTable, roles: dict[str, Role], api_client: Any, silence: ApiSilence, since: float
-    ) -> None:
+    async def read(self, table: PodTable, api_client: Any, silence: ApiSilence, since: float) -> None:
         """Read what ``table`` (the pods as watched) leaves the kind to learn, if anything."""
         kind = self.kind
         if kind.top is None:
             return
         pods = list(table.pods.values())
-        master_gone = kind.explains_master_deletion and not self._master_gone_read and self._deleted(table, roles)
+        master_gone = (
+            kind.explains_master_deletion and not self._master_gone_read and table.was_deleted(self.master, Role.MASTER)
+        )
         if not (kind.reads_top_to_queue(pods) or master_gone):
             return
         from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
@@ -76,6 +76,3 @@ class KindReads:
             )
             items = [api_client.sanitize_for_serialization(event) for event in events.items]
             self.refusal = kind.refusal(self.job_name, items, time.time() - (self.created_at or time.time()))
-
-    def _deleted(self, table: PodTable, roles: dict[str, Role]) -> bool:
-        return any(state.name == self.master and state.reason == "Deleted" for state in table.states(roles))

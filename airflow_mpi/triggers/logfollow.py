@@ -26,9 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_mpi import contract
 from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_status, explain, is_refusal
-from airflow_mpi.observe.cursor import LogCursor, TimestampedLogSplitter
+from airflow_mpi.observe.cursor import LogCursor, TimestampedLogSplitter, followed_log_call
 from airflow_mpi.observe.lines import RankLineSplitter
 from airflow_mpi.observe.master_output import MasterOutput
 from airflow_mpi.triggers.api_client import raise_for_status
@@ -174,15 +173,18 @@ class MasterLogFollower:
                 raise
             except Exception as error:
                 status = api_status(error)
-                if status == 404 and self.pod() not in (None, pod):
-                    continue  # replaced by a newer pod of its controller: follow that one
-                if status == 404 or (status == 400 and self.master_ended.is_set()):
-                    break  # gone, or ended without ever starting: the pod watch says why
-                if is_refusal(error) and status != 400:  # as the waiting path: the job fails, saying why
+                if status == 404 and self.pod() != pod:
+                    continue  # gone from the watch, or replaced by a newer pod of its controller
+                if status in (400, 404) and self.master_ended.is_set():
+                    break  # ended without a log to read: the pod watch says why
+                if is_refusal(error) and status not in (400, 404):  # as the waiting path: the job fails
                     request = ApiRequest("get", "pods/log", self.namespace, self.master)
                     self.refused = explain(error, request, str(self.api_client.configuration.host))
                     return
-                else:  # 400: the container is not up yet; else transient, bounded by the pod watch
+                else:
+                    # 400: the container is not up yet. 404 for a pod the watch still has: its
+                    # node's kubelet has not taken it in yet (it answers 404 for a pod it does not
+                    # know). Else transient. Each is bounded by the pod watch.
                     await self._wait_for_end(min(0.2 * (attempt + 1), 2.0))
                 attempt += 1
                 continue
@@ -204,19 +206,8 @@ class MasterLogFollower:
                 await self.master_ended.wait()
 
     async def _open(self, since: str | None, pod: str) -> Any:
-        query = [("container", contract.CONTAINER_NAME), ("follow", "true"), ("timestamps", "true")]
-        if since:
-            query.append(("sinceTime", since))  # the client has no since_time parameter
-        response = await self.api_client.call_api(
-            f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log",
-            "GET",
-            query_params=query,
-            header_params={"Accept": "*/*"},
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-            _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT, None),
-        )
+        path, arguments = followed_log_call(self.namespace, pod, since)
+        response = await self.api_client.call_api(path, "GET", **arguments, _request_timeout=(CONNECT_TIMEOUT, None))
         await raise_for_status(response)
         return response
 

@@ -313,7 +313,7 @@ class MPIJobTrigger(BaseTrigger):
                 gone = self._vanished(loop.table)
                 if gone is not None:
                     return gone
-            await self.beyond_pods.read(loop.table, self.roles, api_client, silence, since)
+            await self.beyond_pods.read(loop.table, api_client, silence, since)
             outcome = self.decide(loop.table)
             if outcome is not None:
                 return outcome
@@ -336,7 +336,7 @@ class MPIJobTrigger(BaseTrigger):
                     silence.answered()
                     if not loop.apply(event):
                         break
-                    await self.beyond_pods.read(loop.table, self.roles, api_client, silence, since)
+                    await self.beyond_pods.read(loop.table, api_client, silence, since)
                     outcome = self.decide(loop.table)
                     if outcome is not None:
                         return outcome
@@ -371,12 +371,7 @@ class MPIJobTrigger(BaseTrigger):
                 return outcome
 
     def _master_pod_now(self) -> str | None:
-        """The master's own pod: its expected name, or a generated master's newest pod (None
-        while the watch has seen none)."""
-        if not self.kind.master_generated:
-            return self.master_pod
-        generated = self._watch_loop.table.generated(self.master_pod, Role.MASTER)
-        return generated[-1] if generated else None
+        return self.kind.master_pod_now(self._watch_loop.table, self.master_pod)
 
     def _wake(self) -> float:
         """When ``decide`` must look again whatever the API does: the deadline, or the end of

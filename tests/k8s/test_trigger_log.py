@@ -81,3 +81,22 @@ def test_while_deferred_a_dropped_log_stream_loses_and_repeats_no_line(
     assert double.request_count("GET", "/log") >= 4  # the first stream and three resumptions
     assert out.count("AIRFLOW_MPI_RESULT") == 1
     assert job_objects(double) == []
+
+
+@pytest.mark.usefixtures("connections")
+def test_while_deferred_a_master_its_kubelet_does_not_know_yet_is_followed_once_it_does(
+    dagbag: Any, double: KubeDouble, scripts: Scripts, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A kubelet answers 404 for a pod it has not taken in yet (seen on the real control plane,
+    where a controller creates the pods after the deferral): the pod is still in the watch, so
+    the trigger retries rather than leaving every line to the resumed task."""
+    scripts.on("-master-", PodScript(lines=lambda: paced(numbered(), every=0.05), exit_code=0))
+    double.fail_requests(method="GET", path=r"-master-0/log", status=404, count=3)
+    dag_run = dagbag.get_dag("mpi_test_k8s_deferred").test()
+    out = capfd.readouterr().out
+    assert task_states(dag_run) == {"train": "success"}, out[-3000:]
+    records = re.split(r"\n(?=\d{4}-\d\d-\d\dT)", out)
+    by_trigger = [n for record in records if "[airflow_mpi.master:" in record for n in re.findall(r"<stdout>:line (\d{3})", record)]  # fmt: skip
+    assert by_trigger == [f"{i:03d}" for i in range(LINES)], out[-3000:]
+    assert double.request_count("GET", "-master-0/log") >= 4  # three 404s, then the stream
+    assert job_objects(double) == []

@@ -1,0 +1,45 @@
+"""What each job kind says about the master's own pod, as a pod watch sees the job: the trigger
+follows that pod's log, so a name given before the pod exists is a 404 that ends the follow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_mpi.job.naming import LABEL_ROLE
+from airflow_mpi.kinds.strategy import job_kind
+from airflow_mpi.observe.status import PodTable
+
+
+def pod(name: str, role: str, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {LABEL_ROLE: role}, "creationTimestamp": created},
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.mark.parametrize("kind", ["pods", "volcano"])
+def test_a_fixed_master_is_named_only_once_the_watch_has_seen_it(kind: str) -> None:
+    # Volcano creates the pods after the Job is admitted: before then there is no log to open.
+    table = PodTable()
+    table.replace([pod("j-worker-0", "worker")], "1")
+    assert job_kind(kind).master_pod_now(table, "j-master-0") is None
+    table.apply({"type": "ADDED", "object": pod("j-master-0", "master")})
+    assert job_kind(kind).master_pod_now(table, "j-master-0") == "j-master-0"
+    table.apply({"type": "DELETED", "object": pod("j-master-0", "master")})
+    assert job_kind(kind).master_pod_now(table, "j-master-0") is None
+
+
+def test_a_generated_master_is_the_newest_pod_of_its_controller() -> None:
+    table = PodTable()
+    assert job_kind("mpijob").master_pod_now(table, "j-launcher") is None
+    table.replace(
+        [
+            pod("j-launcher-b2", "master", "2026-01-01T00:01:00Z"),
+            pod("j-launcher-a1", "master"),
+            pod("j-worker-0", "worker"),
+        ],
+        "1",
+    )
+    assert job_kind("mpijob").master_pod_now(table, "j-launcher") == "j-launcher-b2"
