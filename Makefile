@@ -13,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help setup system demo test browser unit lint format bench bench-quick clean doctor faults cluster-build cluster-up cluster-down
+.PHONY: help setup system demo test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -60,7 +60,7 @@ browser: ## Chromium and ChromeDriver from Debian's packages, for the browser ti
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	fi
 
-test: setup lint cluster-build browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane, the UI in a browser
+test: setup lint cluster-build browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane, the UI in a browser, the docs site
 	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The real Kubernetes control plane and controllers, built from upstream source through the Go
@@ -77,19 +77,23 @@ cluster-up: setup cluster-build ## start the real control plane, 3 Nodes, mpi-op
 cluster-down: ## stop the cluster `make cluster-up` started and remove what it made
 	@PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster down
 
-faults: setup ## the fault tests, then one table (FAULTS_README=1: into the README too)
+faults: setup ## the fault tests, then one table (FAULTS_PAGE=1: onto docs/guides/troubleshooting.md too)
 	@rows=$$(mktemp); AIRFLOW_MPI_FAULT_ROWS=$$rows AIRFLOW_MPI_REQUIRE_INTEGRATION=1 \
 		$(BIN)/pytest -q -p no:cacheprovider -m fault $(PYTEST_ARGS); rc=$$?; \
-	$(PY) -m tests.faults $$rows $(if $(FAULTS_README),--readme README.md); trc=$$?; rm -f $$rows; \
+	$(PY) -m tests.faults $$rows $(if $(FAULTS_PAGE),--page docs/guides/troubleshooting.md); trc=$$?; rm -f $$rows; \
 	exit $$((rc || trc))
 
-bench: setup ## every figure beside its baseline: bench/results.json, a table, the README's figures
-	PYTHONPATH=$(CURDIR) $(PY) bench/run.py --readme README.md
+bench: setup ## every figure beside its baseline: bench/results.json, a table, the figures page (docs/figures.md)
+	PYTHONPATH=$(CURDIR) $(PY) bench/run.py --page docs/figures.md
 
 # CI: small sizes, under 2 minutes; fails only when a benchmark breaks, never on a missed target.
 # The timeout only catches a hung benchmark.
 bench-quick: setup ## the benchmarks at small sizes (under 2 minutes): bench/results.json and a table
 	PYTHONPATH=$(CURDIR) timeout 300 $(PY) bench/run.py --quick
+
+docs: $(STAMP) ## the documentation site into .site/ (strict: any warning or broken internal link fails)
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@echo "docs: .site/index.html"
 
 doctor: $(STAMP) ## check this machine can run the local backend
 	$(BIN)/airflow-mpi doctor

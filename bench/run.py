@@ -1,7 +1,7 @@
 """Every benchmark in one command, each figure next to the baseline it is judged against, both
 measured in the same run (absolute times on shared machines drift; ratios much less).
 
-    .venv/bin/python bench/run.py [--quick] [--only NAME ...] [--readme README.md]
+    .venv/bin/python bench/run.py [--quick] [--only NAME ...] [--page docs/figures.md]
 
 Writes bench/results.json (``{"meta": ..., "figures": [...]}``, one object per figure) and prints
 a Markdown table. Exits 1 only when a benchmark broke (raised, or measured nothing): a missed
@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from report import Figure, figure, markdown_table, rewrite_readme
+from report import Figure, figure, markdown_table, rewrite_page
 
 HERE = Path(__file__).resolve().parent
 LOCK = "/tmp/airflow-mpi-itest.lock"
@@ -402,7 +402,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the CI run: smaller sizes, under 2 minutes")
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), help="these benchmarks only")
     parser.add_argument("--out", default=str(HERE / "results.json"))
-    parser.add_argument("--readme", help="rewrite this README's figures section from the results")
+    parser.add_argument("--page", help="rewrite this page's figures section from the results (docs/figures.md)")
     args = parser.parse_args()
     logging.getLogger("airflow_mpi").setLevel(logging.WARNING)
     names = args.only or [name for name, (_, _, in_quick) in BENCHMARKS.items() if in_quick or not args.quick]
@@ -436,9 +436,9 @@ def main() -> int:
     print(markdown_table(results["figures"]))
     meta = results["meta"]
     print(f"\nload average {meta['load_average']} at the start, {meta['load_average_end']} at the end")
-    if args.readme and not broken:  # the README's table shows a complete run only
-        readme = Path(args.readme)
-        readme.write_text(rewrite_readme(readme.read_text(), results))
+    if args.page and not broken:  # the page's table shows a complete run only
+        page = Path(args.page)
+        page.write_text(rewrite_page(page.read_text(), results))
     for error in broken:
         print(f"BROKEN: {error}", file=sys.stderr)
     return 1 if broken else 0

@@ -5,8 +5,8 @@ it saw: the fault, backend, mode (waiting/deferrable/cli), the task state it end
 detect, the message, and what was left (objects or processes; the test asserts it is empty).
 Rows go as JSON lines to ``$AIRFLOW_MPI_FAULT_ROWS`` (``make faults`` sets it); without it they
 are kept for the session only. ``python -m tests.faults FILE`` prints the Markdown table;
-``--readme README.md`` also puts it in the README, between its fault-table markers
-(``make faults FAULTS_README=1``).
+``--page docs/guides/troubleshooting.md`` also puts it on that page, between its markers
+(``make faults FAULTS_PAGE=1``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 ROWS_ENV = "AIRFLOW_MPI_FAULT_ROWS"
-README_START = "<!-- fault table: make faults FAULTS_README=1 writes it -->"
-README_END = "<!-- end of the fault table -->"
+TABLE_START = "<!-- fault table: make faults FAULTS_PAGE=1 writes it -->"
+TABLE_END = "<!-- end of the fault table -->"
 COLUMNS = ("fault", "backend", "mode", "task state", "seconds to detect", "message (first line)", "left")
 
 FaultRow = Callable[..., None]
@@ -70,20 +70,20 @@ def render_table(rows: Sequence[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def replace_table(readme: str, table: str) -> str:
-    """The README text with ``table`` between its fault-table markers."""
-    start, end = readme.find(README_START), readme.find(README_END)
+def replace_table(page: str, table: str) -> str:
+    """The page text with ``table`` between its fault-table markers."""
+    start, end = page.find(TABLE_START), page.find(TABLE_END)
     if start < 0 or end < start:
-        raise ValueError(f"the README has no fault table markers: add {README_START!r} and {README_END!r}")
-    return readme[: start + len(README_START)] + "\n" + table + "\n" + readme[end:]
+        raise ValueError(f"the page has no fault table markers: add {TABLE_START!r} and {TABLE_END!r}")
+    return page[: start + len(TABLE_START)] + "\n" + table + "\n" + page[end:]
 
 
 def main(argv: Sequence[str]) -> int:
     args = list(argv)
-    readme = None
-    if "--readme" in args:
-        at = args.index("--readme")
-        readme = Path(args[at + 1])
+    page = None
+    if "--page" in args:
+        at = args.index("--page")
+        page = Path(args[at + 1])
         del args[at : at + 2]
     path = Path(args[0]) if args else None
     if path is None or not path.exists():
@@ -94,9 +94,9 @@ def main(argv: Sequence[str]) -> int:
     print(table)
     bad = [r for r in rows if r["left"]]
     print(f"\n{len(rows)} faults, {len(bad)} with something left")
-    if readme is not None:
-        readme.write_text(replace_table(readme.read_text(), table))
-        print(f"written to {readme}")
+    if page is not None:
+        page.write_text(replace_table(page.read_text(), table))
+        print(f"written to {page}")
     return 1 if bad else 0
 
 

@@ -35,8 +35,8 @@ TOO_MANY_REQUESTS = 429
 MAX_RETRY_AFTER = 10.0  # seconds: a longer Retry-After is cut, the caller's own bound applies
 API_TIMEOUT = 120.0  # seconds the API may stay silent before a wait gives up (connection extra api_timeout)
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection to the API server
-RBAC_DOC = "README.md#rbac"  # the Role that grants every verb the backend uses
-SETUP_DOC = "README.md#on-kubernetes"
+RBAC_DOC = "docs/guides/rbac.md"  # the Role that grants every verb the backend uses
+SETUP_DOC = "docs/guides/kubernetes.md"
 
 # (module, class) of the errors that carry an HTTP status ...
 _STATUS_ERRORS = (

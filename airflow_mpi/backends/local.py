@@ -425,7 +425,7 @@ def _check_run_as(plan: JobPlan) -> list[SpecIssue]:
 
 def _warn_about_gpus(plan: JobPlan) -> None:
     """A GPU spec runs here on CPUs, with the ranks and hosts Kubernetes would give it: say so in
-    the task log (a dev loop for a GPU job; docs: README, the local backend)."""
+    the task log (a dev loop for a GPU job; docs/guides/local.md)."""
     master, workers = plan.spec.master.gpus, plan.spec.workers.gpus
     if master or workers:
         log.warning(

@@ -154,7 +154,7 @@ def _call(verb: str, resource: str, namespace: str, request: Any) -> Any:
         if status in (UNAUTHORIZED, FORBIDDEN):
             raise BackendUnavailable(
                 f"Kubernetes refused '{verb}' on {resource} in namespace {namespace} ({status}): the doctor needs "
-                "create, get and delete on pods and get on pods/log (the README's Role grants them)"
+                "create, get and delete on pods and get on pods/log (the Role in docs/guides/rbac.md grants them)"
             ) from error
         if status == NOT_FOUND and verb == "create":
             raise BackendUnavailable(f"namespace {namespace} does not exist: create it or pass --namespace") from error

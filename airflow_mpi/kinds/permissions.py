@@ -1,8 +1,8 @@
 """What a job's credentials must be allowed to do, and which of it a rules review lacks.
 
 The plain pods backend starts, follows, reattaches to and tears down a job with exactly the
-permissions of ``POD_BACKEND_RULES`` (the Role the README tells users to bind; a test keeps the
-two equal). The backend asks the API server once, before it creates anything, what its
+permissions of ``POD_BACKEND_RULES`` (the Role docs/guides/rbac.md tells users to bind; a test
+keeps the two equal). The backend asks the API server once, before it creates anything, what its
 credentials may do (a SelfSubjectRulesReview), so a Role without one of those verbs fails the
 task at once, naming the verb, instead of at teardown with the job's objects left behind.
 """
@@ -26,7 +26,7 @@ class Permission:
         return f"`{self.verb}` `{self.resource}`"
 
 
-# The README's Role, rule by rule (apiGroups, resources, verbs).
+# The RBAC guide's Role, rule by rule (apiGroups, resources, verbs).
 POD_BACKEND_RULES: tuple[dict[str, list[str]], ...] = (
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},

@@ -46,6 +46,17 @@ OWNED_FLAGS = {
 MAX_RANKS = 65536  # mpi.np and mpi.npernode, oversubscribed or not
 
 
+# The typed --mca options, each with an example value for its message.
+MCA_EXAMPLES = {
+    "pml": "'ob1' or 'ucx'",
+    "btl": "'tcp,self' or '^openib'",
+    "btl_tcp_if_include": "'eth0' or '10.0.0.0/8'",
+    "btl_tcp_if_exclude": "'lo,docker0'",
+    "oob_tcp_if_include": "'eth0' or '10.0.0.0/8'",
+    "oob_tcp_if_exclude": "'lo,docker0'",
+}
+
+
 def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
     mpi = spec.mpi
     issues = []
@@ -66,10 +77,10 @@ def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
                 "mpi.map_by", f"{mpi.map_by!r} is not an Open MPI mapping", "use 'slot' (one rank per slot) or 'node'"
             )
         )
-    for key in ("pml", "btl", "btl_tcp_if_include", "btl_tcp_if_exclude", "oob_tcp_if_include", "oob_tcp_if_exclude"):
+    for key, example in MCA_EXAMPLES.items():
         value = getattr(mpi, key)
         if value is not None and (not value or re.search(r"\s", value)):
-            issues.append(SpecIssue(f"mpi.{key}", f"{value!r} is empty or contains spaces", "use e.g. 'tcp,self'"))
+            issues.append(SpecIssue(f"mpi.{key}", f"{value!r} is empty or contains spaces", f"use e.g. {example}"))
     if mpi.btl_tcp_if_include and mpi.btl_tcp_if_exclude:
         issues.append(
             SpecIssue("mpi.btl_tcp_if_exclude", "set together with mpi.btl_tcp_if_include", "Open MPI takes only one")

@@ -38,9 +38,17 @@ class SchedulingSpec:
     wait queued before it fails (default: no bound); ``startup_timeout`` starts once admitted."""
 
     gang: Gang | None = None
+    """Who holds the pods until all of them can run: ``volcano``, ``coscheduling`` or ``kueue``. Default:
+    no gang."""
     queue: str | None = None
+    """The Volcano Queue (``volcano``, and the Volcano Job backend) or Kueue LocalQueue (``kueue``:
+    required)."""
     scheduler_name: str | None = None
+    """The pods' ``schedulerName``. Default: the gang's scheduler (``volcano``, ``scheduler-plugins-
+    scheduler``)."""
     queue_timeout: int | None = None
+    """Seconds the job may wait queued before it fails. Default: no bound (``startup_timeout`` starts
+    once admitted)."""
 
     def scheduler_for(self, gang: Gang | None) -> str | None:
         """The pods' ``schedulerName`` under ``gang``; None keeps the cluster's default scheduler."""

@@ -27,11 +27,17 @@ class RoleSpec:
     when neither role has GPUs, otherwise from ``gpus`` (docs/contract.md#host-and-np)."""
 
     replicas: int = 1
+    """Pods of this role."""
     cpu: int | float | str = 1
+    """Cores per pod: ``2``, ``0.5`` or ``"500m"``. Slots are these cores when neither role has GPUs."""
     memory: str | None = None
+    """Memory per pod, a Kubernetes quantity such as ``"8Gi"``."""
     gpus: int = 0
+    """GPUs per pod. When a role has GPUs, slots are GPUs (the host and NP rules)."""
     gpu_resource: str = "nvidia.com/gpu"
-    gpu_type: str | None = None  # GPU model, e.g. "NVIDIA-A100-SXM4-80GB" (node label)
+    """The extended resource GPUs are requested as."""
+    gpu_type: str | None = None
+    """GPU model: the node label ``nvidia.com/gpu.product``, e.g. ``"NVIDIA-A100-SXM4-80GB"``."""
 
     @property
     def cpu_cores(self) -> Decimal:
@@ -44,6 +50,7 @@ class MasterSpec(RoleSpec):
     """The master (launcher) role: exactly one pod; runs mpiexec and, with slots, ranks too."""
 
     replicas: int = 1
+    """Exactly 1: the master (launcher) runs sshd and ``mpiexec``, and ranks when it has slots."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class WorkerSpec(RoleSpec):
     """The worker role: 0..N pods that only run sshd (and the ranks mpiexec starts there)."""
 
     replicas: int = 0
+    """Worker pods (0..N): each runs sshd, and the ranks ``mpiexec`` starts there."""
 
 
 @dataclass(frozen=True)
@@ -59,41 +67,72 @@ class MPIOptions:
     rank. ``timeout`` comes from the job's ``timeout``; host list, ``-np`` and
     ``--allow-run-as-root`` are the launch script's (docs/contract.md#mpiexec-options)."""
 
-    np: int | None = None  # default: every slot; set to run fewer ranks
+    np: int | None = None
+    """``-np``: fewer ranks than slots. Default: every slot."""
     npernode: int | None = None
+    """``--npernode N``."""
     oversubscribe: bool = False
-    pml: str | None = None  # e.g. "ob1"
-    btl: str | None = None  # e.g. "tcp,self" or "^openib"
+    """``--oversubscribe`` (more ranks than slots: for debugging only)."""
+    pml: str | None = None
+    """``--mca pml VALUE``, e.g. ``"ob1"``."""
+    btl: str | None = None
+    """``--mca btl VALUE``, e.g. ``"tcp,self"`` or ``"^openib"``."""
     btl_tcp_if_include: str | None = None
+    """``--mca btl_tcp_if_include VALUE``, e.g. ``"eth0"``."""
     btl_tcp_if_exclude: str | None = None
+    """``--mca btl_tcp_if_exclude VALUE``."""
     oob_tcp_if_include: str | None = None
+    """``--mca oob_tcp_if_include VALUE``."""
     oob_tcp_if_exclude: str | None = None
+    """``--mca oob_tcp_if_exclude VALUE``."""
     bind_to: str = "none"
+    """``--bind-to VALUE``."""
     map_by: str = "slot"
+    """``--map-by VALUE``."""
     report_bindings: bool = False
-    export_env: tuple[str, ...] = ("PATH", "LD_LIBRARY_PATH")  # -x VAR or -x VAR=value
+    """``--report-bindings``."""
+    export_env: tuple[str, ...] = ("PATH", "LD_LIBRARY_PATH")
+    """``-x VAR`` or ``-x VAR=value`` for each; unset variables are skipped."""
     env_file: str | None = None
+    """A ``VAR=VALUE`` file every rank loads before the command (Open MPI 4.1 has no ``--env-file``)."""
     verbose: bool = False
+    """``-v``."""
     debug: bool = False
-    help_aggregate: bool = True  # false -> --mca orte_base_help_aggregate 0
+    """``--debug-daemons`` (Open MPI 4's ``--debug`` would start a debugger)."""
+    help_aggregate: bool = True
+    """``false``: ``--mca orte_base_help_aggregate 0`` (every rank's help message, not one)."""
     display_map: bool = False
+    """``--display-map``."""
     no_tree_spawn: bool = True
+    """``--mca plm_rsh_no_tree_spawn 1``: the master starts every daemon itself."""
     leave_session_attached: bool = False
+    """``--leave-session-attached``."""
     quiet: bool = False
+    """``-q``."""
     tag_output: bool = True
+    """``--tag-output``: each line gets its ``[1,rank]<stdout>:`` prefix."""
     wdir: str | None = None
+    """``-wdir DIR``: the ranks' working directory."""
     mca: Mapping[str, str] = field(default_factory=dict)
+    """Any other ``--mca name value``."""
     extra_args: tuple[str, ...] = ()
-    master_port: int = 29500  # MASTER_PORT for torch.distributed / DeepSpeed
+    """Anything else, before the command (``--host``, ``--hostfile`` and ``-np`` are the launch script's)."""
+    master_port: int = 29500
+    """``MASTER_PORT`` for ``torch.distributed`` and DeepSpeed."""
 
 
 @dataclass(frozen=True)
 class Toleration:
     key: str | None = None
+    """The taint key the toleration matches (empty with ``operator: Exists``: every taint)."""
     operator: str = "Equal"
+    """``Equal`` or ``Exists``."""
     value: str | None = None
+    """The taint value (with ``Equal``)."""
     effect: str | None = None
+    """``NoSchedule``, ``PreferNoSchedule`` or ``NoExecute``; empty: every effect."""
     toleration_seconds: int | None = None
+    """With ``NoExecute``: how long the pod stays bound after the taint appears."""
 
 
 @dataclass(frozen=True)
@@ -102,14 +141,23 @@ class Volume:
     ``host_path`` and ``empty_dir``."""
 
     name: str
+    """The volume's name in the pod."""
     mount_path: str
+    """Where it is mounted in every container."""
     read_only: bool = False
+    """Mount it read-only."""
     sub_path: str | None = None
+    """A path inside the volume to mount instead of its root."""
     host_path: str | None = None
+    """A directory of the node (the local backend: of this machine)."""
     persistent_volume_claim: str | None = None
+    """The name of a PersistentVolumeClaim in the job's namespace."""
     config_map: str | None = None
+    """The name of a ConfigMap in the job's namespace."""
     secret: str | None = None
+    """The name of a Secret in the job's namespace."""
     empty_dir: bool = False
+    """A fresh empty directory per pod."""
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -127,21 +175,33 @@ class Volume:
 class PodSettings:
     """What a Kubernetes user sets on the pods for GPU training. Applies to every pod."""
 
-    namespace: str | None = None  # default: the connection's namespace
+    namespace: str | None = None
+    """The namespace of the job's objects. Default: the connection's."""
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Node labels every pod must match."""
     tolerations: tuple[Toleration, ...] = ()
+    """Taints every pod tolerates."""
     volumes: tuple[Volume, ...] = ()
+    """Volumes mounted into every pod."""
     service_account: str | None = None
+    """The pods' ServiceAccount."""
     image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (names) to pull the image with."""
     image_pull_policy: str | None = None
+    """``Always``, ``IfNotPresent`` or ``Never``."""
     priority_class: str | None = None
+    """The pods' PriorityClass (and the gang's, with ``scheduling.gang``)."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra labels on every pod."""
     annotations: Mapping[str, str] = field(default_factory=dict)
-    shm_size: str | None = None  # size of a memory-backed /dev/shm, e.g. "2Gi" (NCCL, DataLoader)
-    # Jobs without root (docs/contract.md#jobs-without-root): sshd and every rank run as this uid,
-    # with the securityContext the Pod Security Standards' "restricted" profile asks for.
-    run_as_user: int | None = None  # None: the image's user (root)
-    run_as_group: int | None = None  # default: the same number as run_as_user
+    """Extra annotations on every pod."""
+    shm_size: str | None = None
+    """Size of a memory-backed ``/dev/shm``, e.g. ``"2Gi"`` (NCCL, DataLoader workers)."""
+    run_as_user: int | None = None
+    """Jobs without root: sshd and every rank run as this uid, with the securityContext the Pod Security
+    Standards' ``restricted`` profile asks for. Default: the image's user (root)."""
+    run_as_group: int | None = None
+    """The gid with ``run_as_user``. Default: the same number as ``run_as_user``."""
 
     @property
     def run_as(self) -> tuple[int, int] | None:
@@ -157,21 +217,40 @@ class MPIJobSpec:
     """One MPI training job: one master plus ``workers.replicas`` workers."""
 
     name: str
+    """The job's name: a DNS label; each run's job name adds ``-<8 hex>``."""
     command: tuple[str, ...]
+    """The entry as an argv list, e.g. ``[python, /app/train.py, --epochs, "8"]``: not a launcher
+    (``deepspeed``, ``torchrun``, ``horovodrun``, ``mpirun``: ``mpiexec`` starts the ranks), not a
+    bare script (``run.sh`` becomes ``[bash, run.sh]``)."""
     image: str = ""
+    """The container image: required on Kubernetes; the local backend runs this machine's files."""
     master: MasterSpec = field(default_factory=MasterSpec)
+    """The master's resources."""
     workers: WorkerSpec = field(default_factory=WorkerSpec)
+    """The workers' resources."""
     env: Mapping[str, str] = field(default_factory=dict)
+    """Variables for every pod, exported to every rank (``-x``); the platform's own names are refused."""
     mpi: MPIOptions = field(default_factory=MPIOptions)
+    """``mpiexec``'s options. Always set besides: ``--allow-run-as-root``, ``--mca
+    orte_abort_on_non_zero_status 1``, ``--mca orte_keep_fqdn_hostnames 1``, ``--mca plm_rsh_args "-F
+    <ssh config>"`` and ``--timeout``."""
     hosts_mode: HostsMode = HostsMode.HOST
+    """``host``: ``mpiexec --host h:n,...``; ``hostfile``: ``/etc/mpi/hostfile`` with ``host slots=N``
+    lines."""
     timeout: int = 86400
+    """Seconds the training may run: ``mpiexec --timeout`` and a kill from the task's side."""
     startup_timeout: int = 300
+    """Seconds for the pods to start and every sshd to answer (after admission, with a gang)."""
     ssh_port: int = 22
+    """sshd's port in every pod (1024 or above without root)."""
     pod: PodSettings = field(default_factory=PodSettings)
+    """Kubernetes settings for every pod."""
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
-    # Small text files shipped in the job's config directory (/etc/mpi, the ConfigMap): e.g. the
-    # source and arguments of a @task.mpi function (docs/contract.md#pod-paths).
+    """Gang scheduling and queues."""
     files: Mapping[str, str] = field(default_factory=dict)
+    """Small text files for the job's config directory ``/etc/mpi`` (the ConfigMap), ``{name: text}``:
+    names of ``[-._a-zA-Z0-9]``, not the product's own, 960 KiB in all. ``@task.mpi`` ships its
+    function this way."""
 
     def __post_init__(self) -> None:
         # Accept lists where tuples are declared, so Python callers can write plain literals.

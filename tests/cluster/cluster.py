@@ -5,10 +5,8 @@ cluster-up``); the pytest fixtures in tests/cluster/conftest.py run one per test
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -216,16 +214,6 @@ class Cluster:
         return self.plane.pki.kubeconfig(path, self.plane.server, f"{namespace}-{name}", token=token)
 
 
-def readme_role_rules(readme: Path = REPO / "README.md") -> list[Obj]:
-    """The rules of the Role the README tells users to bind (so the test and the docs agree)."""
-    for block in re.findall(r"```yaml\n(.*?)```", readme.read_text(), flags=re.S):
-        with contextlib.suppress(yaml.YAMLError):
-            doc = yaml.safe_load(block)
-            if isinstance(doc, dict) and doc.get("kind") == "Role":
-                return list(doc["rules"])
-    raise LookupError("README.md has no Role manifest")
-
-
 # --- `python -m tests.cluster up|down|status` --------------------------------------------------
 
 CHECKOUT_STATE = REPO / ".cluster"
@@ -319,4 +307,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["MISSING_IMAGE", "Any", "ApiError", "Cluster", "bin_dir", "built", "readme_role_rules"]
+__all__ = ["MISSING_IMAGE", "Any", "ApiError", "Cluster", "bin_dir", "built"]

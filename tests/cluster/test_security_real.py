@@ -1,4 +1,4 @@
-"""Security on the real control plane: the README's Role, bound to a ServiceAccount token, is
+"""Security on the real control plane: the RBAC guide's Role, bound to a ServiceAccount token, is
 enough for a job and no verb of it is spare (each removed in turn fails the job, naming it), and a
 namespace enforcing the restricted Pod Security Standard refuses a root job with the admission's
 own message and runs a ``pod.run_as_user`` job."""
@@ -21,8 +21,9 @@ from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from tests.cluster.cluster import Cluster, readme_role_rules
+from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import Log, api_client, job_objects
+from tests.documented import documented_role_rules
 from tests.integration.test_nonroot import user  # noqa: F401 (the non-root user fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -50,7 +51,7 @@ def make_plan(namespace: str, **fields: Any) -> JobPlan:
 
 def role_verbs() -> list[tuple[str, str]]:
     return [
-        (resource, verb) for rule in readme_role_rules() for resource in rule["resources"] for verb in rule["verbs"]
+        (resource, verb) for rule in documented_role_rules() for resource in rule["resources"] for verb in rule["verbs"]
     ]
 
 
@@ -76,7 +77,7 @@ def backend_as(cluster: Cluster, namespace: str, rules: list[dict[str, Any]], tm
 
 
 def test_the_readme_role_is_enough(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
-    backend = backend_as(cluster, namespace, readme_role_rules(), tmp_path)
+    backend = backend_as(cluster, namespace, documented_role_rules(), tmp_path)
     log = Log()
     result = JobRunner(backend, make_plan(namespace), log).run()
     assert result.exit_code == 0 and result.result == {"uid": 0, "size": 2}, log
@@ -99,7 +100,7 @@ def test_each_verb_of_the_readme_role_is_needed(
     cluster: Cluster, refused_namespace: str, tmp_path: Path, resource: str, verb: str
 ) -> None:
     namespace = refused_namespace
-    backend = backend_as(cluster, namespace, without(readme_role_rules(), resource, verb), tmp_path)
+    backend = backend_as(cluster, namespace, without(documented_role_rules(), resource, verb), tmp_path)
     plan = make_plan(namespace)
     with pytest.raises(MPIJobError) as caught:
         JobRunner(backend, plan, Log()).run()

@@ -60,7 +60,7 @@ def probe(state_root: Path, log: Path, command: list[str]) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    print(f"operator: {report}")  # the figures for the README (pytest -s)
+    print(f"operator: {report}")  # the figures for docs/figures.md (pytest -s)
     return report
 
 

@@ -17,6 +17,7 @@ from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import BackendUnavailable, BackendUnreachable, SshdNotReady
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.triggers.mpi import MPIJobTrigger
+from tests.documented import documented_role_rules
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, api_client_for, first_trigger_event, install_connections, job_objects
 from tests.k8s.test_kubernetes_backend import Log, make_plan
@@ -247,24 +248,11 @@ def test_api_timeout_comes_from_the_mpi_connection(double: KubeDouble, monkeypat
         )
 
 
-# --- the README's Role is the fix --------------------------------------------------------------
-
-
-def readme_role() -> list[dict[str, Any]]:
-    import re
-    from pathlib import Path
-
-    import yaml
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### RBAC", 1)[1]
-    role = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL)[1])  # type: ignore[index]
-    assert role["kind"] == "Role"
-    return list(role["rules"])
+# --- the RBAC guide's Role is the fix --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("deferrable", [False, True])
-def test_the_readme_role_is_all_a_job_needs(
+def test_the_documented_role_is_all_a_job_needs(
     double: KubeDouble, scripts: Scripts, monkeypatch: pytest.MonkeyPatch, deferrable: bool
 ) -> None:
     from types import SimpleNamespace
@@ -273,7 +261,7 @@ def test_the_readme_role_is_all_a_job_needs(
 
     from airflow_mpi.operators.mpi import MPIJobOperator
 
-    double.grant(readme_role())
+    double.grant(documented_role_rules())
     install_connections(monkeypatch, double)
     scripts.on("-worker-", PodScript(start_delay=0.3))  # the trigger watches, not only lists
     scripts.on("-master-", PodScript(lines=lambda: iter(['[1,0]<stdout>:AIRFLOW_MPI_RESULT {"ok": 1}']), exit_code=0))

@@ -195,7 +195,7 @@ def test_403_on_create_pods(mode: str, double: KubeDouble, fault_row: FaultRow) 
     assert task.state == "failed" and isinstance(task.error, LaunchError)
     assert task.message == (
         "the service account airflow/airflow-worker cannot `create` `pods` in namespace default (403 Forbidden): "
-        "add `create` on `pods` to the Role bound to it; see README.md#rbac"
+        "add `create` on `pods` to the Role bound to it; see docs/guides/rbac.md"
     )
     assert task.seconds < REFUSAL_BOUND
     assert task.events == []  # failed before any deferral
@@ -209,7 +209,7 @@ def test_403_on_watch_pods(mode: str, double: KubeDouble, scripts: Scripts, faul
     task = run_task(mode)
     assert task.state == "failed" and isinstance(task.error, BackendRequestFailed)
     assert "cannot `watch` `pods` in namespace default (403 Forbidden)" in task.message
-    assert "see README.md#rbac" in task.message
+    assert "see docs/guides/rbac.md" in task.message
     assert task.seconds < REFUSAL_BOUND
     if mode == "deferrable":
         assert [e["status"] for e in task.events] == ["error"]  # the trigger's own watch was refused
@@ -244,7 +244,7 @@ def test_403_on_the_masters_log(mode: str, double: KubeDouble, scripts: Scripts,
     assert task.state == "failed" and isinstance(task.error, BackendRequestFailed)
     assert task.message == (
         "the service account airflow/airflow-worker cannot `get` `pods/log` in namespace default (403 Forbidden): "
-        "add `get` on `pods/log` to the Role bound to it; see README.md#rbac"
+        "add `get` on `pods/log` to the Role bound to it; see docs/guides/rbac.md"
     )
     assert task.seconds < REFUSAL_BOUND + 2  # the whole job up to the master's first line
     assert record(fault_row, double, "403 get pods/log", mode, task) == []

@@ -1,5 +1,5 @@
 """bench/report.py: targets decide `met`, the table shows each figure beside its baseline, and the
-README's generated section is replaced between its markers only."""
+the figures page's generated section is replaced between its markers only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from report import README_END, README_START, figure, markdown_table, rewrite_readme
+from report import PAGE_END, PAGE_START, figure, markdown_table, rewrite_page
 
 META = {"mode": "bench", "started": "2026-11-30 21:00 UTC", "cpus": 2, "load_average": [4, 3.5, 3], "seconds": 61}
 
@@ -39,18 +39,18 @@ def test_table_shows_baseline_ratio_and_misses() -> None:
     assert lines[3] == "| launch overhead | 0.700 s | - | - | <= 0.500 s | **no** |"
 
 
-def test_readme_section_replaced_between_markers_only() -> None:
-    readme = f"# title\n\nbefore\n{README_START}\nold table\n{README_END}\nafter\n"
+def test_page_section_replaced_between_markers_only() -> None:
+    page = f"# title\n\nbefore\n{PAGE_START}\nold table\n{PAGE_END}\nafter\n"
     results = {"meta": META, "figures": [figure("x", 2.0, "s", at_most=3).to_json()]}
-    rewritten = rewrite_readme(readme, results)
+    rewritten = rewrite_page(page, results)
     assert rewritten.startswith("# title\n\nbefore\n")
-    assert rewritten.endswith(f"{README_END}\nafter\n")
+    assert rewritten.endswith(f"{PAGE_END}\nafter\n")
     assert "old table" not in rewritten
     assert "| x | 2 s | - | - | <= 3 s | yes |" in rewritten
     assert "load average 4.00 / 3.50 / 3.00" in rewritten
-    assert rewrite_readme(rewritten, results) == rewritten  # idempotent
+    assert rewrite_page(rewritten, results) == rewritten  # idempotent
 
 
-def test_readme_without_markers_names_the_fix() -> None:
+def test_page_without_markers_names_the_fix() -> None:
     with pytest.raises(ValueError, match="bench:start"):
-        rewrite_readme("# no section\n", {"meta": META, "figures": []})
+        rewrite_page("# no section\n", {"meta": META, "figures": []})

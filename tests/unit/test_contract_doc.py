@@ -72,10 +72,9 @@ def test_the_sections_the_issue_asks_for_exist() -> None:
     assert wanted <= ANCHORS, wanted - ANCHORS
 
 
-def test_readme_links_to_the_contract() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert "(docs/contract.md)" in readme
-    assert "docs/contract.md#failures-and-fixes" in readme
+def test_the_readme_and_the_docs_link_to_the_contract() -> None:
+    assert "(docs/contract.md)" in (REPO / "README.md").read_text()
+    assert "contract.md#failures-and-fixes" in (REPO / "docs" / "guides" / "operator.md").read_text()
 
 
 def test_no_file_cites_a_document_the_user_does_not_have() -> None:

@@ -1,4 +1,4 @@
-"""The fault table harness: rows to one Markdown table, the exit status, and the README block."""
+"""The fault table harness: rows to one Markdown table, the exit status, and the page block."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import README_END, README_START, main, render_table, replace_table
+from tests.faults import TABLE_END, TABLE_START, main, render_table, replace_table
 
 
 def row(
@@ -47,14 +47,14 @@ def test_main_fails_when_a_fault_left_something(tmp_path: Path, capsys: pytest.C
     assert main([str(tmp_path / "none")]) == 1
 
 
-def test_the_readme_block_is_replaced_and_nothing_else(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{README_START}\nold table\n{README_END}\n\nafter\n")
+def test_the_page_block_is_replaced_and_nothing_else(tmp_path: Path) -> None:
+    page = tmp_path / "troubleshooting.md"
+    page.write_text(f"# x\n\n{TABLE_START}\nold table\n{TABLE_END}\n\nafter\n")
     rows = tmp_path / "rows"
     rows.write_text(json.dumps(row("a")) + "\n")
-    assert main([str(rows), "--readme", str(readme)]) == 0
-    text = readme.read_text()
-    assert "old table" not in text and text.startswith("# x\n\n") and text.endswith(f"{README_END}\n\nafter\n")
+    assert main([str(rows), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "old table" not in text and text.startswith("# x\n\n") and text.endswith(f"{TABLE_END}\n\nafter\n")
     assert render_table([row("a")]) in text
     with pytest.raises(ValueError, match="no fault table markers"):
         replace_table("# no markers", "table")

@@ -1,14 +1,11 @@
-"""The permission check before create: which verbs a rules review lacks, and the README's Role
+"""The permission check before create: which verbs a rules review lacks, and the RBAC guide's Role
 being exactly what the plain pods backend checks for."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from airflow_mpi.kinds.permissions import (
     POD_BACKEND_RULES,
@@ -17,20 +14,11 @@ from airflow_mpi.kinds.permissions import (
     missing_permissions,
     render_missing,
 )
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_role() -> list[dict[str, Any]]:
-    for block in re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S):
-        doc = yaml.safe_load(block)
-        if isinstance(doc, dict) and doc.get("kind") == "Role":
-            return list(doc["rules"])
-    raise AssertionError("README.md has no Role")
+from tests.documented import documented_role_rules
 
 
-def test_the_readme_role_is_what_the_backend_checks_for() -> None:
-    assert sorted(build_permissions(readme_role())) == sorted(build_permissions(POD_BACKEND_RULES))
+def test_the_documented_role_is_what_the_backend_checks_for() -> None:
+    assert sorted(build_permissions(documented_role_rules())) == sorted(build_permissions(POD_BACKEND_RULES))
 
 
 EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
@@ -57,9 +45,9 @@ def test_missing_permissions(granted: list[dict[str, Any]], missing: list[Permis
 
 def test_the_message_names_each_missing_verb_and_the_fix() -> None:
     message = render_missing(
-        [Permission("", "pods", "list"), Permission("", "secrets", "delete")], "training", "README.md#rbac"
+        [Permission("", "pods", "list"), Permission("", "secrets", "delete")], "training", "docs/guides/rbac.md"
     )
     assert message.startswith(
         "the Kubernetes credentials cannot `list` `pods`, `delete` `secrets` in namespace training"
     )
-    assert "add `list` on `pods`, `delete` on `secrets` to the Role bound to them; see README.md#rbac" in message
+    assert "add `list` on `pods`, `delete` on `secrets` to the Role bound to them; see docs/guides/rbac.md" in message
