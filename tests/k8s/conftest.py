@@ -4,6 +4,7 @@ a backend talking to it over real HTTP, and the check that no object of a job is
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +131,10 @@ def first_trigger_event(trigger: Any) -> dict[str, Any]:
         raise AssertionError("the trigger ended without an event")
 
     return asyncio.run(run())
+
+
+def sigint_as_from_a_terminal() -> None:
+    """``preexec_fn`` of a child the test interrupts with SIGINT: SIGINT at its default action.
+    A shell starts background jobs with SIGINT ignored and children inherit that, so Python would
+    never raise KeyboardInterrupt (a CI run started with ``&`` would time out)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

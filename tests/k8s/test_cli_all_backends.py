@@ -31,7 +31,7 @@ from airflow_mpi.spec import MPIJobSpec
 from tests.doubles.gang_controllers import GangControllers
 from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
 from tests.doubles.mpijob_controller import MPIJobController
-from tests.k8s.conftest import Scripts, api_client_for, install_connections
+from tests.k8s.conftest import Scripts, api_client_for, install_connections, sigint_as_from_a_terminal
 from tests.k8s.test_gang import _crd_validator
 
 NS = "default"
@@ -288,6 +288,7 @@ def test_run_on_volcano_or_mpijob_interrupted_deletes_the_job_and_what_its_contr
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=sigint_as_from_a_terminal,
     )
     try:
         assert proc.stdout is not None

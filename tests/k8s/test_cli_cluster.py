@@ -21,7 +21,7 @@ from airflow_mpi.cli.main import main
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan
 from tests.doubles.kube_double import KubeDouble, PodScript
-from tests.k8s.conftest import Scripts, install_connections, job_objects
+from tests.k8s.conftest import Scripts, install_connections, job_objects, sigint_as_from_a_terminal
 from tests.k8s.test_kubernetes_backend import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -289,7 +289,12 @@ def test_run_on_kubernetes_interrupted_deletes_the_job(
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [*command, "--kubeconfig", kubeconfig], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [*command, "--kubeconfig", kubeconfig],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=sigint_as_from_a_terminal,
     )
     try:
         assert proc.stdout is not None
