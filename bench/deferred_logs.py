@@ -8,6 +8,11 @@ RSS; for the flood, the lines it got through in the window (the rest wait in the
 Baseline: the same jobs in waiting mode need one worker process each; one such process (Airflow,
 the operator and the backend imported, following one job's log at the same rate) is measured.
 
+``separate_cpus``: the API double (100 masters printing and a flood: a cluster's work) on one CPU
+and the triggerer on another, as in a deployment where the API server is not on the triggerer's
+machine. Without it both share this machine's CPUs, and the loop's longest block is mostly time
+spent waiting for a CPU (the figure beside it says how much of it was the loop's own CPU time).
+
     .venv/bin/python bench/deferred_logs.py [--jobs 100] [--rate 20] [--seconds 20] [--flood]
 """
 
@@ -31,7 +36,9 @@ from airflow_mpi.runner.job import JobRunner
 WARMUP = 3.0  # seconds in which the triggers start and the masters are released: blocks counted apart
 
 
-def measure(double: Double, jobs: int, rate: float, seconds: float, flood: bool) -> dict[str, Any]:
+def measure(
+    double: Double, jobs: int, rate: float, seconds: float, flood: bool, separate_cpus: bool = False
+) -> dict[str, Any]:
     """Create the jobs (masters held), start the process with every trigger following its
     master's log, release the masters, and read what the process measured."""
     double.call("/_double/reset", {})
@@ -60,6 +67,10 @@ def measure(double: Double, jobs: int, rate: float, seconds: float, flood: bool)
             "debug": bool(os.environ.get("BENCH_ASYNCIO_DEBUG")),
         }
         proc = start_triggerer(double, [], script="log_triggerer_process.py", payload=payload)
+        if separate_cpus:
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(double.proc.pid, {cpus[0]})
+            os.sched_setaffinity(proc.pid, {cpus[-1]})
         assert proc.stdout is not None
         started = json.loads(proc.stdout.readline())
         time.sleep(1.0)  # every trigger opens its stream
@@ -67,6 +78,8 @@ def measure(double: Double, jobs: int, rate: float, seconds: float, flood: bool)
         got = last_json(proc.stdout)
         proc.wait(60)
     finally:
+        if separate_cpus:
+            os.sched_setaffinity(double.proc.pid, os.sched_getaffinity(0))
         double.call("/_double/knobs", {"hold_masters": False, "flood_job": None})
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -88,6 +101,10 @@ def measure(double: Double, jobs: int, rate: float, seconds: float, flood: bool)
         "loop_block_max_s": got["loop_block"]["steady"][0],
         "loop_block_cpu_s": got["loop_block"]["steady"][2],
         "loop_block_starting_s": got["loop_block"]["start"][0],
+        "airflow_warnings_steady": len(got["airflow_watchdog"]["steady"]),
+        "airflow_warnings_starting": len(got["airflow_watchdog"]["start"]),
+        "airflow_warning_threshold_s": got["airflow_watchdog"]["threshold_s"],
+        "separate_cpus": separate_cpus,
         "rss_before_mb": started["rss_before_mb"],
         "rss_peak_mb": got["rss_peak_mb"],
         "flood_lines": flooded["lines"] if flooded else None,
@@ -139,10 +156,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--flood", action="store_true")
+    parser.add_argument("--separate-cpus", action="store_true", help="the double on one CPU, the triggerer on another")
     args = parser.parse_args()
     double = Double()
     try:
-        got = measure(double, args.jobs, args.rate, args.seconds, args.flood)
+        got = measure(double, args.jobs, args.rate, args.seconds, args.flood, args.separate_cpus)
         got["waiting_process_rss_mb"] = waiting_process_rss(double, args.rate)
         print(json.dumps(got, indent=1))
     finally:

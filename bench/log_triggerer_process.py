@@ -3,7 +3,10 @@ stdin) in one event loop, each following its master's log; the records the trigg
 rendered to JSON, as a triggerer's runner sends them to its supervisor, and measured:
 per job the lines (each numbered: none twice, none missing) and the delay from the line's own
 clock to its record; the event loop's longest block (a 20 ms ticker, as Airflow's watchdog);
-the peak RSS. Runs ``seconds`` then prints one JSON object.
+the peak RSS; and Airflow's own triggerer watchdog (``TriggerRunner.block_watchdog``, its
+100 ms ticker and ``[triggerer] blocked_main_thread_warning_threshold``) in the same loop, whose
+warnings ("Triggerer's async thread was blocked ...") are counted. Runs ``seconds`` then prints
+one JSON object.
 """
 
 from __future__ import annotations
@@ -69,6 +72,23 @@ async def watchdog(worst: dict[str, list[float]], warmup: float) -> None:
             phase[:] = [late, before - start, time.thread_time() - cpu]
 
 
+class WatchdogHost:
+    """What Airflow's ``TriggerRunner.block_watchdog`` reads of its runner: its own method runs
+    unchanged, and each warning it logs is counted (with when, to tell start from steady)."""
+
+    def __init__(self, start: float) -> None:
+        from airflow.configuration import conf
+
+        self.stop = False
+        self.blocked_main_thread_warning_threshold = conf.getfloat("triggerer", "blocked_main_thread_warning_threshold")
+        self.start = start
+        self.warnings: list[tuple[float, float]] = []  # (since start, seconds blocked)
+        self.log = self
+
+    async def ainfo(self, message: str, elapsed: float, *args: Any) -> None:
+        self.warnings.append((time.monotonic() - self.start, elapsed))
+
+
 async def one(kwargs: dict[str, Any]) -> None:
     from airflow_mpi.triggers.mpi import MPIJobTrigger
 
@@ -78,16 +98,26 @@ async def one(kwargs: dict[str, Any]) -> None:
 
 
 async def every(jobs: list[dict[str, Any]], seconds: float, warmup: float) -> dict[str, Any]:
+    from airflow.jobs.triggerer_job_runner import TriggerRunner
+
     worst = {"start": [0.0, 0.0, 0.0], "steady": [0.0, 0.0, 0.0]}
     ticker = asyncio.create_task(watchdog(worst, warmup))
+    host = WatchdogHost(time.monotonic())
+    airflow_watchdog = asyncio.create_task(TriggerRunner.block_watchdog(host))  # type: ignore[arg-type]
     tasks = [asyncio.create_task(one(kwargs)) for kwargs in jobs]
     await asyncio.wait(tasks, timeout=seconds)
     ended = sum(task.done() for task in tasks)
-    for task in [*tasks, ticker]:
+    host.stop = True
+    for task in [*tasks, ticker, airflow_watchdog]:
         task.cancel()
-    results = await asyncio.gather(*tasks, ticker, return_exceptions=True)
+    results = await asyncio.gather(*tasks, ticker, airflow_watchdog, return_exceptions=True)
     errors = [repr(r) for r in results if isinstance(r, Exception)]
-    return {"loop_block": worst, "ended": ended, "errors": errors[:3]}
+    warned = {
+        "threshold_s": host.blocked_main_thread_warning_threshold,
+        "start": [blocked for at, blocked in host.warnings if at < warmup],
+        "steady": [blocked for at, blocked in host.warnings if at >= warmup],
+    }
+    return {"loop_block": worst, "airflow_watchdog": warned, "ended": ended, "errors": errors[:3]}
 
 
 def main() -> None:

@@ -287,20 +287,26 @@ def deferred_jobs(quick: bool) -> list[Figure]:
 
 def deferred_logs(quick: bool) -> list[Figure]:
     """7. 100 deferred jobs (10 in the quick run) whose master logs the triggers follow live,
-    each printing 20 lines/s, plus one job flooding its log, in one triggerer process."""
+    each printing 20 lines/s, plus one job flooding its log, in one triggerer process: once with
+    the API double on the same CPUs, once with the double on one CPU and the triggerer on another
+    (the API server is not on a triggerer's machine in a deployment)."""
     from deferred_logs import measure, waiting_process_rss
     from k8s_double import Double
 
     jobs, seconds = (10, 8.0) if quick else (100, 20.0)
+    separate = len(os.sched_getaffinity(0)) >= 2
     double = Double()
     try:
         got = measure(double, jobs, 20.0, seconds, flood=True)
+        apart = measure(double, jobs, 20.0, seconds, flood=True, separate_cpus=True) if separate else None
         waiting = waiting_process_rss(double, 20.0)
     finally:
         double.stop()
-    if got["errors"] or got["steady_jobs_seen"] < jobs:
-        raise RuntimeError(f"triggers broke or showed nothing: {got}")
-    return [
+    for run in (got, apart):
+        if run is not None and (run["errors"] or run["steady_jobs_seen"] < jobs):
+            raise RuntimeError(f"triggers broke or showed nothing: {run}")
+    threshold = got["airflow_warning_threshold_s"]
+    figures = [
         figure(
             f"deferred logs: {jobs} jobs x 20 lines/s + 1 flood, line -> task log delay (max)",
             got["delay_max_s"],
@@ -321,11 +327,97 @@ def deferred_logs(quick: bool) -> list[Figure]:
         figure("deferred logs: of it, CPU the loop's thread used", got["loop_block_cpu_s"], "s", at_most=0.1),
         figure("deferred logs: event loop's longest block while the triggers start", got["loop_block_starting_s"], "s"),
         figure(
+            f"deferred logs: Airflow's triggerer warnings 'async thread was blocked' (> {threshold:g} s), steady",
+            got["airflow_warnings_steady"],
+            "warnings",
+            at_most=0,
+        ),
+        figure(
             f"deferred logs: flood job's lines shown in {seconds:.0f} s (the rest wait in the pod's log)",
             got["flood_lines"],
             "lines",
         ),
         figure("deferred logs: flood job's lag (its lines wait, none dropped)", got["flood_lag_max_s"], "s"),
+    ]
+    if apart is not None:
+        figures += [
+            figure(
+                "deferred logs, the API double on another CPU: line -> task log delay (max)",
+                apart["delay_max_s"],
+                "s",
+                at_most=2.0,
+            ),
+            figure(
+                "deferred logs, the API double on another CPU: event loop's longest block (steady)",
+                apart["loop_block_max_s"],
+                "s",
+                baseline="the same jobs, CPUs shared with the double (above)",
+                baseline_value=got["loop_block_max_s"],
+                at_most=0.1,
+            ),
+            figure(
+                "deferred logs, the API double on another CPU: Airflow's triggerer warnings, steady",
+                apart["airflow_warnings_steady"],
+                "warnings",
+                at_most=0,
+            ),
+            figure(
+                "deferred logs, the API double on another CPU: lines out of order, twice or missing",
+                apart["disorder"],
+                "lines",
+                at_most=0,
+            ),
+        ]
+    return figures
+
+
+def real_triggerer_logs(quick: bool) -> list[Figure]:
+    """8. The same through Airflow's own triggerer: 100 deferrable tasks (and a flood) run by
+    Airflow's real processes; the delays and order read from the trigger log files Airflow wrote,
+    the triggerer's own "async thread was blocked" warnings, its RSS (supervisor + runner)."""
+    from deferred_logs import waiting_process_rss
+    from k8s_double import Double
+    from real_triggerer_logs import measure
+
+    jobs, seconds = (10, 8.0) if quick else (100, 20.0)
+    got = measure(jobs, 20.0, seconds)
+    double = Double()
+    try:
+        waiting = waiting_process_rss(double, 20.0)
+    finally:
+        double.stop()
+    if got["steady_jobs_seen"] < jobs - len(got["failed_before_following"]) or got["steady_lines_min"] == 0:
+        raise RuntimeError(f"the triggerer showed nothing for some tasks: {got}")
+    prefix = f"Airflow's triggerer, {jobs} deferred tasks x 20 lines/s + 1 flood"
+    return [
+        figure(f"{prefix}: line -> trigger log file delay (max)", got["delay_max_s"], "s", at_most=2.0),
+        figure(f"{prefix}: line -> log delay while the streams start (max)", got["delay_starting_max_s"], "s"),
+        figure(f"{prefix}: lines out of order, twice or missing", got["disorder"], "lines", at_most=0),
+        figure(
+            f"{prefix}: its 'async thread was blocked' warnings, steady",
+            len(got["blocked_warnings_steady"]),
+            "warnings",
+            at_most=0,
+        ),
+        figure(
+            f"{prefix}: triggerer RSS (supervisor + trigger runner)",
+            got["rss_peak_mb"],
+            "MB",
+            baseline=f"the same tasks in waiting mode: {jobs} worker processes of {waiting:.0f} MB each",
+            baseline_value=waiting * jobs,
+        ),
+        figure(
+            f"{prefix}: triggerer RSS growth over its idle start ({got['rss_idle_mb']:.0f} MB, no trigger)",
+            got["rss_peak_mb"] - got["rss_idle_mb"],
+            "MB",
+            at_most=300,
+        ),
+        figure(
+            f"{prefix}: tasks Airflow failed before they followed (apache/airflow#72716)",
+            len(got["failed_before_following"]),
+            "tasks",
+        ),
+        figure(f"{prefix}: submit -> every task deferred", got["all_deferred_s"], "s"),
     ]
 
 
@@ -378,6 +470,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "kubernetes_logs": (kubernetes_logs, False, True),
     "deferred": (deferred_jobs, False, True),
     "deferred_logs": (deferred_logs, False, True),
+    "real_triggerer_logs": (real_triggerer_logs, False, False),
     "real_cluster": (real_cluster, True, False),
 }
 

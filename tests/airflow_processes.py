@@ -158,8 +158,8 @@ def airflow_processes(
         AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
         AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
         AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="4",
-        **settings,
     )
+    env.update(settings)  # over the defaults above
     env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}/execution/"
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
     processes = Airflow(home, env)

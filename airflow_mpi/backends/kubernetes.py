@@ -88,8 +88,10 @@ class KubernetesBackend:
     def _hook(self) -> Any:
         try:
             from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-        except ImportError as error:  # pragma: no cover - a declared dependency
-            raise BackendUnavailable("apache-airflow-providers-cncf-kubernetes is not installed") from error
+        except ImportError as error:  # a declared dependency: missing, or the process is shutting down
+            raise BackendUnavailable(
+                f"cannot import apache-airflow-providers-cncf-kubernetes' KubernetesHook ({error})"
+            ) from error
         return KubernetesHook(conn_id=self.kubernetes_conn_id)
 
     @cached_property

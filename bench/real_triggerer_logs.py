@@ -1,0 +1,243 @@
+"""Deferred jobs' live logs through Airflow's real triggerer: N ``MPIJobOperator(deferrable=True)``
+tasks (one more flooding its log) run by Airflow's own processes (scheduler, dag-processor,
+api-server, triggerer; LocalExecutor; a fresh home and SQLite database) against the API double
+in its own process. Once every task is deferred, the masters start printing ``rate`` lines a
+second, each ending with its own clock; for ``seconds`` the triggerer follows them all.
+
+Measured from what Airflow itself wrote: each line's delay from its clock to its record in the
+task try's trigger log file (``*.log.trigger.<id>.log``, the file the UI and the REST API read),
+lines out of order / twice / missing per task, the triggerer's own warnings "Triggerer's async
+thread was blocked" (its watchdog, ``[triggerer] blocked_main_thread_warning_threshold``), and
+the peak RSS of the triggerer (its supervisor and its trigger runner process together).
+
+    .venv/bin/python bench/real_triggerer_logs.py [--jobs 100] [--rate 20] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from k8s_double import Double
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.airflow_processes import Airflow, airflow_processes, descendants, wait_for  # noqa: E402
+
+DAG_ID = "bench_deferred_logs"
+LINE = re.compile(r"line (\d{8}) (\d+)$")
+BLOCKED = re.compile(r"Triggerer's async thread was blocked for ([\d.]+) seconds")
+WARMUP = 3.0  # seconds after the release in which every trigger's stream starts: counted apart
+
+DAG_FILE = """
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_mpi.operators.mpi import MPIJobOperator
+
+NAMES = {names!r}
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_tasks=1000):
+    for name in NAMES:
+        MPIJobOperator(
+            task_id=name,
+            job={{"name": name, "image": "registry.example/train:1", "command": ["python", "t.py"],
+                 "workers": {{"replicas": 1}}, "startup_timeout": 900, "timeout": 7200}},
+            mpi_conn_id="mpi_bench",
+            deferrable=True,
+            retries=0,
+        )
+"""
+
+
+def connections(double: Double) -> dict[str, str]:
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "double", "cluster": {"server": double.url}}],
+        "users": [{"name": "bench", "user": {"token": "double-token"}}],
+        "contexts": [{"name": "double", "context": {"cluster": "double", "user": "bench", "namespace": "default"}}],
+        "current-context": "double",
+    }
+    kube = {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kubeconfig)}}
+    mpi = {"conn_type": "mpi", "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kube_double"}}
+    return {"AIRFLOW_CONN_KUBE_DOUBLE": json.dumps(kube), "AIRFLOW_CONN_MPI_BENCH": json.dumps(mpi)}
+
+
+def with_master(double: Double) -> set[str]:
+    """The tasks whose master pod exists: a task defers first for its workers to be ready, then
+    (its master created) for the job to finish; only the second follows a log."""
+    request = urllib.request.Request(double.url + "/api/v1/namespaces/default/pods")
+    request.add_header("Authorization", "Bearer double-token")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        pods = json.loads(response.read())["items"]
+    return {pod["metadata"]["name"].split("-")[0] for pod in pods if "-master-" in pod["metadata"]["name"]}
+
+
+def task_states(home: Path) -> dict[str, str]:
+    with sqlite3.connect(home / "airflow.db", timeout=30) as db:
+        rows = db.execute("select task_id, state from task_instance where dag_id = ?", (DAG_ID,))
+        return {str(task): str(state) for task, state in rows}
+
+
+def settled(double: Double, home: Path) -> dict[str, str] | None:
+    """Every task deferred following its master, or failed; None while any is on its way. (Under
+    load, Airflow 3.3 fails some resumed tasks: a stale executor event from the deferral's exit
+    meets the resumed try, apache/airflow#72716; those are counted, not measured.)"""
+    states = task_states(home)
+    if not states or set(states.values()) - {"deferred", "failed"}:
+        return None
+    deferred = {task for task, state in states.items() if state == "deferred"}
+    return states if deferred <= with_master(double) else None
+
+
+class RssSampler(threading.Thread):
+    """The triggerer's RSS (the process and its children: the trigger runner), every 0.5 s."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak_mb, self.stop = pid, 0.0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.peak_mb = max(self.peak_mb, self.sample())
+
+    def sample(self) -> float:
+        total = 0
+        for pid in [self.pid, *descendants(self.pid)]:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            found = re.search(r"VmRSS:\s+(\d+)", status)
+            total += int(found[1]) if found else 0
+        return total / 1024
+
+
+def read_trigger_logs(home: Path, steady_after_ns: int) -> dict[str, dict[str, Any]]:
+    """Per task: the lines its trigger log files hold (in order), their delays."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted((home / "logs").rglob("*.trigger.*.log")):
+        task = re.search(r"task_id=([^/]+)", str(path))[1]  # type: ignore[index]
+        job = found.setdefault(task, {"lines": 0, "next": 0, "disorder": 0, "delays": [], "start_max": 0.0})
+        for raw in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            stamp = record.get("timestamp")
+            if not stamp:
+                continue
+            at = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+            for line in str(record.get("event", "")).split("\n"):
+                hit = LINE.search(line)
+                if not hit:
+                    continue
+                number, printed = int(hit[1]), int(hit[2])
+                job["disorder"] += number != job["next"]
+                job["next"] = number + 1
+                job["lines"] += 1
+                delay = at - printed / 1e9
+                if printed >= steady_after_ns:
+                    job["delays"].append(delay)
+                else:
+                    job["start_max"] = max(job["start_max"], delay)
+    return found
+
+
+def blocked_warnings(airflow: Airflow, released: float) -> dict[str, list[float]]:
+    """The triggerer's watchdog warnings, while the streams start and after."""
+    text = (airflow.home / "triggerer.out").read_text(errors="replace")
+    got: dict[str, list[float]] = {"start": [], "steady": []}
+    for line in text.splitlines():
+        hit = BLOCKED.search(line)
+        stamp = re.match(r"(\d{4}-\d\d-\d\dT[\d:.]+Z?)", line)
+        if not hit:
+            continue
+        at = datetime.datetime.fromisoformat(stamp[1].replace("Z", "+00:00")).timestamp() if stamp else released
+        if at >= released:
+            got["steady" if at >= released + WARMUP else "start"].append(float(hit[1]))
+    return got
+
+
+def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8) -> dict[str, Any]:
+    names = [f"l{i}" for i in range(jobs)] + ["flood"]
+    double = Double()
+    try:
+        lines = int(rate * (seconds + 120))  # more than the window: every master still prints at its end
+        knobs = {"master_lines": lines, "master_rate": rate, "master_exit": 0, "hold_masters": True}
+        double.call("/_double/knobs", {**knobs, "flood_job": "flood", "flood_lines": 5_000_000})
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+            home = Path(tmp) / "home"
+            dags = {"bench_dag.py": DAG_FILE.format(names=names, dag_id=DAG_ID)}
+            settings = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), "AIRFLOW__TRIGGERER__CAPACITY": "1000"}
+            with airflow_processes(home, dags, env=connections(double), **settings) as airflow:
+                started = time.monotonic()
+                wait_for("the DAG parsed", lambda: airflow.get(f"/api/v2/dags/{DAG_ID}"), 180, airflow)
+                sampler = RssSampler(airflow.procs["triggerer"].pid)
+                idle_mb = sampler.sample()  # no trigger yet: the triggerer as it starts
+                airflow.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+                airflow.post(f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
+                at_start = wait_for("every task following its master", lambda: settled(double, home), 1200, airflow)
+                following = sorted(task for task, state in at_start.items() if state == "deferred")
+                all_deferred_s = time.monotonic() - started
+                sampler.start()
+                time.sleep(2.0)  # every trigger has its stream open on a held master
+                released = time.time()
+                double.call("/_double/knobs", {"hold_masters": False})
+                time.sleep(seconds + WARMUP)
+                sampler.stop.set()
+                per_task = read_trigger_logs(home, int((released + WARMUP) * 1e9))
+                warned = blocked_warnings(airflow, released)
+                final_states = task_states(home)
+                if os.environ.get("BENCH_KEEP"):  # for a look at what Airflow wrote
+                    shutil.copytree(home, os.environ["BENCH_KEEP"], dirs_exist_ok=True)
+    finally:
+        double.stop()
+    steady = [data for task, data in per_task.items() if task != "flood" and task in following]
+    flooded = per_task.get("flood", {"lines": 0, "delays": [], "start_max": 0.0})
+    return {
+        "jobs": jobs,
+        "rate": rate,
+        "seconds": seconds,
+        "all_deferred_s": all_deferred_s,
+        "failed_before_following": sorted(task for task in names if task not in following),
+        "states_at_end": {state: list(final_states.values()).count(state) for state in set(final_states.values())},
+        "steady_jobs_seen": len(steady),
+        "steady_lines_min": min((d["lines"] for d in steady), default=0),
+        "delay_max_s": max((max(d["delays"], default=0.0) for d in steady), default=0.0),
+        "delay_starting_max_s": max((d["start_max"] for d in steady), default=0.0),
+        "disorder": sum(d["disorder"] for d in per_task.values()),
+        "blocked_warnings_steady": warned["steady"],
+        "blocked_warnings_starting": warned["start"],
+        "rss_idle_mb": idle_mb,
+        "rss_peak_mb": sampler.peak_mb,
+        "flood_lines": flooded["lines"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--parallelism", type=int, default=8)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still ends Airflow and the double
+    print(json.dumps(measure(args.jobs, args.rate, args.seconds, args.parallelism), indent=1))
+
+
+if __name__ == "__main__":
+    main()
