@@ -98,7 +98,7 @@ async def one(kwargs: dict[str, Any]) -> None:
 
 
 async def every(jobs: list[dict[str, Any]], seconds: float, warmup: float) -> dict[str, Any]:
-    from airflow.jobs.triggerer_job_runner import TriggerRunner
+    from airflow.jobs.triggerer_job_runner import TriggerRunner  # imported by main(), before "started"
 
     worst = {"start": [0.0, 0.0, 0.0], "steady": [0.0, 0.0, 0.0]}
     ticker = asyncio.create_task(watchdog(worst, warmup))
@@ -123,6 +123,7 @@ async def every(jobs: list[dict[str, Any]], seconds: float, warmup: float) -> di
 def main() -> None:
     spec = json.loads(sys.stdin.read())
     import kubernetes_asyncio.client  # noqa: F401 (loaded by the triggers: in the baseline)
+    from airflow.jobs.triggerer_job_runner import TriggerRunner  # noqa: F401 (its watchdog runs in the loop)
 
     import airflow_mpi.triggers.mpi  # noqa: F401
 

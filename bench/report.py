@@ -95,10 +95,12 @@ def markdown_table(figures: list[dict[str, Any]]) -> str:
 def describe_run(meta: dict[str, Any]) -> str:
     """The line under the table: when, how, and how loaded the machine was."""
     load = " / ".join(f"{x:.2f}" for x in meta["load_average"])
-    return (
+    text = (
         f"`make {meta['mode']}` on {meta['started']}, {meta['cpus']} CPUs, load average {load} "
         f"(1/5/15 min) at the start; {meta['seconds']:.0f} s in all."
     )
+    rerun = meta.get("rerun") or {}  # a benchmark that broke in the run, rerun alone once fixed
+    return text + "".join(f" `{name}` rerun alone on {started}." for name, started in sorted(rerun.items()))
 
 
 def rewrite_page(page: str, results: dict[str, Any]) -> str:

@@ -54,3 +54,11 @@ def test_page_section_replaced_between_markers_only() -> None:
 def test_page_without_markers_names_the_fix() -> None:
     with pytest.raises(ValueError, match="bench:start"):
         rewrite_page("# no section\n", {"meta": META, "figures": []})
+
+
+def test_a_benchmark_rerun_alone_is_said_under_the_table() -> None:
+    from report import describe_run
+
+    assert "rerun" not in describe_run(META)
+    line = describe_run({**META, "rerun": {"deferred_logs": "2026-12-02 02:30 UTC"}})
+    assert line.endswith(" `deferred_logs` rerun alone on 2026-12-02 02:30 UTC.")
