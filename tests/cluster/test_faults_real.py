@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.backends import removal
+from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import SshdNotReady
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan, render_plan
