@@ -134,17 +134,8 @@ def start_triggerer(
 ) -> subprocess.Popen[str]:
     """A process running ``script`` with the double's connection; it reads ``payload`` (default:
     the triggers' kwargs) as JSON on stdin."""
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "double", "cluster": {"server": double.url}}],
-        "users": [{"name": "bench", "user": {"token": "double-token"}}],
-        "contexts": [{"name": "double", "context": {"cluster": "double", "user": "bench", "namespace": "default"}}],
-        "current-context": "double",
-    }
     env = dict(os.environ)
-    extra = {"kube_config": json.dumps(kubeconfig)}
-    env["AIRFLOW_CONN_KUBE_DOUBLE"] = json.dumps({"conn_type": "kubernetes", "extra": extra})
+    env["AIRFLOW_CONN_KUBE_DOUBLE"] = double.kube_connection()
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name(script))],
         stdin=subprocess.PIPE,

@@ -54,6 +54,18 @@ class Double:
         with urllib.request.urlopen(request) as response:
             return json.loads(response.read() or b"{}")
 
+    def kube_connection(self) -> str:
+        """An Airflow ``kubernetes`` connection (``AIRFLOW_CONN_...`` JSON) to this double."""
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "double", "cluster": {"server": self.url}}],
+            "users": [{"name": "bench", "user": {"token": "double-token"}}],
+            "contexts": [{"name": "double", "context": {"cluster": "double", "user": "bench", "namespace": "default"}}],
+            "current-context": "double",
+        }
+        return json.dumps({"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kubeconfig)}})
+
     def requests(self) -> list[list[str]]:
         return list(self.call("/_double/requests")["requests"])
 

@@ -63,17 +63,8 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 
 
 def connections(double: Double) -> dict[str, str]:
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "double", "cluster": {"server": double.url}}],
-        "users": [{"name": "bench", "user": {"token": "double-token"}}],
-        "contexts": [{"name": "double", "context": {"cluster": "double", "user": "bench", "namespace": "default"}}],
-        "current-context": "double",
-    }
-    kube = {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kubeconfig)}}
     mpi = {"conn_type": "mpi", "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kube_double"}}
-    return {"AIRFLOW_CONN_KUBE_DOUBLE": json.dumps(kube), "AIRFLOW_CONN_MPI_BENCH": json.dumps(mpi)}
+    return {"AIRFLOW_CONN_KUBE_DOUBLE": double.kube_connection(), "AIRFLOW_CONN_MPI_BENCH": json.dumps(mpi)}
 
 
 def with_master(double: Double) -> set[str]:

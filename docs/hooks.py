@@ -19,6 +19,7 @@ import dataclasses
 import enum
 import inspect
 import json
+import re
 import textwrap
 import types
 import typing
@@ -178,7 +179,7 @@ def field_rules(path: str, hint: Any) -> list[str]:
             MPIJobSpec.from_dict(placed(path, value))
         except SpecError as error:
             for issue in error.issues:
-                field = issue.field.split("[")[0] + issue.field.split("]", 1)[1] if "[" in issue.field else issue.field
+                field = re.sub(r"\[\d+\]", "", issue.field)  # pod.volumes[0].name -> pod.volumes.name
                 if field.startswith(plain) and issue.fix and issue.fix not in rules:
                     rules.append(issue.fix)
     return rules
