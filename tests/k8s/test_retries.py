@@ -58,12 +58,18 @@ class FileStore:
     def set(self, key: str, value: Any) -> None:
         data = self._data()
         data[key] = value
-        self.path.write_text(json.dumps(data))
+        self._write(data)
 
     def delete(self, key: str) -> None:
         data = self._data()
         data.pop(key, None)
-        self.path.write_text(json.dumps(data))
+        self._write(data)
+
+    def _write(self, data: dict[str, Any]) -> None:
+        """Write whole or not at all: the test reads the file while the first try writes it."""
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(data))
+        partial.replace(self.path)
 
 
 def slow_lines() -> Any:
