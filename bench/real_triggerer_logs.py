@@ -10,7 +10,11 @@ lines out of order / twice / missing per task, the triggerer's own warnings "Tri
 thread was blocked" (its watchdog, ``[triggerer] blocked_main_thread_warning_threshold``), and
 the peak RSS of the triggerer (its supervisor and its trigger runner process together).
 
-    .venv/bin/python bench/real_triggerer_logs.py [--jobs 100] [--rate 20] [--seconds 20]
+    .venv/bin/python bench/real_triggerer_logs.py [--jobs 100] [--rate 20] [--seconds 20] [--loop-stats]
+
+``--loop-stats`` times every step of the triggerer's event loop (``bench/loopstat``) and splits
+the long ones' time into on a CPU, waiting for a CPU, and blocked in a system call: whether a
+"blocked" warning is a trigger's own work or the machine's other processes.
 """
 
 from __future__ import annotations
@@ -163,7 +167,32 @@ def blocked_warnings(airflow: Airflow, released: float) -> dict[str, list[float]
     return got
 
 
-def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8) -> dict[str, Any]:
+def long_steps(path: Path, released: float) -> dict[str, Any]:
+    """The event loop's steps over 0.1 s after the streams started (``bench/loopstat``): how
+    many, and where their time went."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = [row for row in rows if row["at"] >= released + WARMUP]
+    wall = sum(row["wall"] for row in rows)
+    cpu = sum(row["cpu"] for row in rows)
+    runqueue = sum(row["runqueue"] for row in rows)
+    follows = [row for row in rows if "name='log-" in row["what"]]
+    return {
+        "steps": len(rows),
+        "longest_s": max((row["wall"] for row in rows), default=0.0),
+        "longest_cpu_s": max((row["cpu"] for row in rows), default=0.0),
+        "wall_s": wall,
+        "on_cpu_s": cpu,
+        "waiting_for_cpu_s": runqueue,
+        "blocked_s": max(0.0, wall - cpu - runqueue),
+        "log_follow_steps": len(follows),
+        "longest": [
+            {key: row[key] for key in ("wall", "cpu", "runqueue", "what", "stack")}
+            for row in sorted(rows, key=lambda row: -row["wall"])[:3]
+        ],
+    }
+
+
+def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8, loop_stats: bool = False) -> dict[str, Any]:
     names = [f"l{i}" for i in range(jobs)] + ["flood"]
     double = Double()
     try:
@@ -174,7 +203,13 @@ def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8) -> dic
             home = Path(tmp) / "home"
             dags = {"bench_dag.py": DAG_FILE.format(names=names, dag_id=DAG_ID)}
             settings = {"AIRFLOW__CORE__PARALLELISM": str(parallelism), "AIRFLOW__TRIGGERER__CAPACITY": "1000"}
-            with airflow_processes(home, dags, env=connections(double), **settings) as airflow:
+            env, steps_file = connections(double), Path(tmp) / "loop-steps.jsonl"
+            if loop_stats:  # PYTHONPATH comes from this process's environment
+                os.environ["PYTHONPATH"] = os.pathsep.join(
+                    filter(None, [str(Path(__file__).parent / "loopstat"), os.environ.get("PYTHONPATH", "")])
+                )
+                env["AIRFLOW_MPI_LOOP_STATS"] = str(steps_file)
+            with airflow_processes(home, dags, env=env, **settings) as airflow:
                 started = time.monotonic()
                 wait_for("the DAG parsed", lambda: airflow.get(f"/api/v2/dags/{DAG_ID}"), 180, airflow)
                 sampler = RssSampler(airflow.procs["triggerer"].pid)
@@ -193,6 +228,7 @@ def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8) -> dic
                 per_task = read_trigger_logs(home, int((released + WARMUP) * 1e9))
                 warned = blocked_warnings(airflow, released)
                 final_states = task_states(home)
+                steps = long_steps(steps_file, released) if loop_stats else None
                 if os.environ.get("BENCH_KEEP"):  # for a look at what Airflow wrote
                     shutil.copytree(home, os.environ["BENCH_KEEP"], dirs_exist_ok=True)
     finally:
@@ -216,6 +252,7 @@ def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8) -> dic
         "rss_idle_mb": idle_mb,
         "rss_peak_mb": sampler.peak_mb,
         "flood_lines": flooded["lines"],
+        **({"loop_long_steps": steps} if steps is not None else {}),
     }
 
 
@@ -225,9 +262,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--parallelism", type=int, default=8)
+    parser.add_argument("--loop-stats", action="store_true", help="split the event loop's long steps' time")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still ends Airflow and the double
-    print(json.dumps(measure(args.jobs, args.rate, args.seconds, args.parallelism), indent=1))
+    print(json.dumps(measure(args.jobs, args.rate, args.seconds, args.parallelism, args.loop_stats), indent=1))
 
 
 if __name__ == "__main__":

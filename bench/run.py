@@ -380,7 +380,7 @@ def real_triggerer_logs(quick: bool) -> list[Figure]:
     from real_triggerer_logs import measure
 
     jobs, seconds = (10, 8.0) if quick else (100, 20.0)
-    got = measure(jobs, 20.0, seconds)
+    got = measure(jobs, 20.0, seconds, loop_stats=True)
     double = Double()
     try:
         waiting = waiting_process_rss(double, 20.0)
@@ -389,7 +389,7 @@ def real_triggerer_logs(quick: bool) -> list[Figure]:
     if got["steady_jobs_seen"] < jobs - len(got["failed_before_following"]) or got["steady_lines_min"] == 0:
         raise RuntimeError(f"the triggerer showed nothing for some tasks: {got}")
     prefix = f"Airflow's triggerer, {jobs} deferred tasks x 20 lines/s + 1 flood"
-    return [
+    figures = [
         figure(f"{prefix}: line -> trigger log file delay (max)", got["delay_max_s"], "s", at_most=2.0),
         figure(f"{prefix}: line -> log delay while the streams start (max)", got["delay_starting_max_s"], "s"),
         figure(f"{prefix}: lines out of order, twice or missing", got["disorder"], "lines", at_most=0),
@@ -419,6 +419,18 @@ def real_triggerer_logs(quick: bool) -> list[Figure]:
         ),
         figure(f"{prefix}: submit -> every task deferred", got["all_deferred_s"], "s"),
     ]
+    steps = got["loop_long_steps"]  # the event loop's steps over 0.1 s, steady: where their time went
+    figures += [
+        figure(f"{prefix}: event loop steps over 0.1 s, steady", steps["steps"], "steps"),
+        figure(f"{prefix}: of those steps' time, on a CPU (the triggers' own work)", steps["on_cpu_s"], "s"),
+        figure(
+            f"{prefix}: of those steps' time, waiting for a CPU (the machine's other processes)",
+            steps["waiting_for_cpu_s"],
+            "s",
+        ),
+        figure(f"{prefix}: of those steps' time, blocked in a system call", steps["blocked_s"], "s"),
+    ]
+    return figures
 
 
 # name -> (function, needs the machine lock, in the quick run)
