@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Final, TypedDict
 
 # The two waits. A wait that ends well fires an event whose status is the wait's own name.
-WAIT_READY: Final = "ready"  # until every worker is Ready: then the master starts
-WAIT_FINISHED: Final = "finished"  # until the master ends
+WAIT_FINISHED: Final = "finished"  # until the master ends (what the operator defers for)
+WAIT_READY: Final = "ready"  # until every worker is Ready (earlier versions deferred for it first)
 # How a wait ends badly.
 STATUS_FAILED: Final = "failed"  # a pod failed (the job's state machine says which)
 STATUS_TIMEOUT: Final = "timeout"  # the wait's deadline passed
@@ -32,6 +32,7 @@ class Outcome(_Status, total=False):
     log_lines: int  # whole master lines the trigger's log follow read (shown, or shown before)
     tail: list[str]  # the master's last lines the trigger read (for a message once its log is gone)
     queued: bool  # STATUS_TIMEOUT: past scheduling.queue_timeout (``reason`` is the whole error)
+    starting: bool  # STATUS_TIMEOUT: workers not Ready within startup_timeout (one line per host)
     never_starts: bool  # STATUS_FAILED: the job's controller refused or failed it before its pods ran
 
 

@@ -150,17 +150,23 @@ class MPIJobOperator(BaseOperator):
         return result.to_dict()
 
     def _defer_start(self, runner: JobRunner, adopted: bool) -> NoReturn:
+        """Create the job whole and defer once, until it ends. The master starts with the workers
+        (its launch script waits, bounded by ``startup_timeout``, until each worker's sshd
+        accepts the job key; the trigger bounds the workers' readiness the same way). One
+        deferral, not a short one for readiness and then one for the run: Airflow fails a task
+        whose trigger fires before the scheduler has read the executor's report of the deferral
+        (apache/airflow#72716), which a readiness wait of seconds meets on a busy scheduler."""
         if adopted:
             self._defer(runner, WAIT_FINISHED)
         try:
             runner.create()
+            if not _starts_master_with_workers(runner):
+                runner.start_master_with_workers()
         except BaseException as error:
             runner.teardown(error)
             raise
-        if _starts_master_with_workers(runner):
-            runner.marks["mpiexec_started"] = time.time()
-            self._defer(runner, WAIT_FINISHED)  # a gang starts whole: its master waits for sshd
-        self._defer(runner, WAIT_READY)
+        runner.marks["mpiexec_started"] = time.time()
+        self._defer(runner, WAIT_FINISHED)
 
     def _defer(self, runner: JobRunner, wait_for: str) -> NoReturn:
         from airflow_mpi.triggers.mpi import MPIJobTrigger
@@ -194,6 +200,7 @@ class MPIJobOperator(BaseOperator):
                 # those this try's log holds (a reattached retry's earlier try showed them).
                 master_log=OutputPlan.from_plan(plan).to_dict() if wait_for == WAIT_FINISHED else None,
                 skip_lines=runner.master_output.skip_lines,
+                startup_timeout=spec.startup_timeout if wait_for == WAIT_FINISHED and plan.workers else None,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 300),

@@ -182,6 +182,16 @@ class JobRunner:
         backend.start_master(self.job_name)
         self._mark("mpiexec_started")
 
+    def start_master_with_workers(self) -> None:
+        """Create the master now, beside workers that may not answer yet: its launch script waits
+        for their sshd (a deferred job starts whole, as a gang does)."""
+        workers, master = len(self.plan.workers), self.plan.master.name
+        self.emit(
+            f"airflow-mpi: mpiexec starts on {master} once sshd answers on {workers} worker(s) "
+            f"(its launch script waits up to {self.plan.spec.startup_timeout}s)"
+        )
+        self.backend.start_master(self.job_name)
+
     def finish(self, shown_tail: Sequence[str] = ()) -> JobResult:
         """Stream the master's output until it ends, then the result (or the failure).
         ``shown_tail``: the last lines a deferred wait showed, standing in for a log gone since."""
@@ -277,7 +287,7 @@ class JobRunner:
             return JobTimeout(event.get("reason", ""))
         if status == STATUS_FAILED and event.get("never_starts"):
             return LaunchError(event.get("reason", ""))
-        if status == STATUS_TIMEOUT and wait_for == WAIT_READY:
+        if status == STATUS_TIMEOUT and (wait_for == WAIT_READY or event.get("starting")):
             workers = [worker.name for worker in self.plan.workers]
             return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])
         if status == STATUS_TIMEOUT:

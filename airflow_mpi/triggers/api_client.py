@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import os
+import threading
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -37,10 +39,30 @@ class _Shared:
 _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Shared]] = weakref.WeakKeyDictionary()
 
 
+# What every wait uses of the async client (its ApiClient, CoreV1Api, the kubeconfig loader).
+CLIENT_MODULES = ("kubernetes_asyncio.client", "kubernetes_asyncio.config")
+_client_imported = threading.Event()
+
+
+async def import_client() -> None:
+    """Import ``kubernetes_asyncio`` (about 3 s on a busy machine, once per process) in a thread:
+    on the event loop the first wait would stop every other trigger of the triggerer that long.
+    Done only once the whole import has finished (a module in ``sys.modules`` may be half-made)."""
+    if not _client_imported.is_set():
+        await asyncio.to_thread(_import_client)
+
+
+def _import_client() -> None:
+    for name in CLIENT_MODULES:
+        importlib.import_module(name)
+    _client_imported.set()
+
+
 @contextlib.asynccontextmanager
 async def shared_api_client(conn_id: str) -> AsyncIterator[Any]:
     """A ``kubernetes_asyncio`` ApiClient for ``conn_id``, shared with the other waits of this
     event loop and closed when the last of them leaves."""
+    await import_client()
     clients = _SHARED.setdefault(asyncio.get_running_loop(), {})
     shared = clients.setdefault(conn_id, _Shared())
     own = None  # an exec-plugin user's configuration: a client of its own

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,7 @@ class MasterLogFollower:
         read_timeout: float = LOG_READ_TIMEOUT,
         log: Any = None,
         pod: Callable[[], str | None] | None = None,
+        room: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.api_client = api_client
         self.namespace = namespace
@@ -147,6 +148,9 @@ class MasterLogFollower:
         self.output = output
         self.master_ended = master_ended
         self.budget = budget or (lambda size: 0.0)
+        # Until the lines shown so far may be followed by more (the log writer's backlog): the
+        # lines wait in the pod's log meanwhile, not in memory.
+        self.room = room
         self.read_timeout = read_timeout
         self.log = log
         self.cursor = LogCursor()
@@ -240,6 +244,8 @@ class MasterLogFollower:
                         return False
                     delay = self.budget(len(chunk))
                     await asyncio.sleep(delay)  # 0 within the budget: a step for the other jobs
+                    if self.room is not None:
+                        await self.room()
         except asyncio.CancelledError:
             raise
         except Exception as error:

@@ -1,7 +1,10 @@
-"""Deferrable waits of MPIJobOperator on Kubernetes: until every worker is Ready, or until the job
-ends, without holding a worker slot. While it waits for the end, it follows the master's log
-into the task try's log, live (``logfollow``): Airflow routes a trigger's log records to the
-log of the task try that deferred.
+"""Deferrable waits of MPIJobOperator on Kubernetes: until the job ends, without holding a worker
+slot. The operator defers once, with the master started beside its workers (its launch script
+waits for their sshd); the trigger bounds the workers' start by ``startup_timeout`` and, while
+it waits for the end, follows the master's log into the task try's log, live (``logfollow``):
+Airflow routes a trigger's log records to the log of the task try that deferred. (A trigger
+that waits until every worker is Ready, ``wait_for="ready"``, is what earlier versions
+deferred with: it still resumes.)
 
 One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
 the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
@@ -52,8 +55,9 @@ from airflow_mpi.observe.queueing import QueueClock
 from airflow_mpi.observe.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.spec import Role
-from airflow_mpi.triggers.api_client import raise_for_status, shared_api_client
+from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client
 from airflow_mpi.triggers.kind_reads import KindReads
+from airflow_mpi.triggers.logwriter import MasterRecords, log_writer
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
@@ -87,6 +91,7 @@ class MPIJobTrigger(BaseTrigger):
         custom_objects: list[list[str]] | None = None,
         master_log: dict[str, Any] | None = None,
         skip_lines: int = 0,
+        startup_timeout: float | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.job_name = job_name
@@ -121,8 +126,15 @@ class MPIJobTrigger(BaseTrigger):
         # this task's log already holds (a retry that reattached goes on where its try stopped).
         self.master_log = dict(master_log) if master_log else None
         self.skip_lines = skip_lines
+        # Waiting for the end of a job whose master started with its workers: every worker must
+        # be Ready (sshd answering its readiness probe) within ``startup_timeout``, as the waiting
+        # path's sensor requires. Counted from this trigger's start (a trigger started again by
+        # another triggerer gives the workers the whole bound again: never a wrong kill).
+        self.startup_timeout = startup_timeout
+        self.startup_deadline = time.time() + startup_timeout if startup_timeout and wait_for == WAIT_FINISHED else None
         self._fired = False
         self._master_ended: asyncio.Event | None = None
+        self._records: MasterRecords | None = None  # the master's lines into the task log
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -148,6 +160,7 @@ class MPIJobTrigger(BaseTrigger):
                 "custom_objects": [list(kind) for kind in self.custom_objects],
                 "master_log": dict(self.master_log) if self.master_log else None,
                 "skip_lines": self.skip_lines,
+                "startup_timeout": self.startup_timeout,
             },
         )
 
@@ -178,6 +191,8 @@ class MPIJobTrigger(BaseTrigger):
                 reason = self.queue_clock.timeout_message(self.job_name, check.reason, now)
                 return {"status": STATUS_TIMEOUT, "queued": True, "reason": reason}
             self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
+            if self.startup_deadline is not None and self.startup_timeout:
+                self.startup_deadline = max(self.startup_deadline, now + self.startup_timeout)
             return None
         deleting = {name for name, pod in table.pods.items() if pod["metadata"].get("deletionTimestamp")}
         states = table.states(self.roles)
@@ -197,6 +212,9 @@ class MPIJobTrigger(BaseTrigger):
             }
         if self.wait_for == WAIT_READY and status.phase is JobPhase.READY:
             return {"status": WAIT_READY}
+        starting = self._still_starting(states, now)
+        if starting is not None:
+            return starting
         if self.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
             return {"status": WAIT_FINISHED}
         if time.time() >= self.deadline:
@@ -207,11 +225,14 @@ class MPIJobTrigger(BaseTrigger):
         return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await import_client()  # in a thread, not on the loop the other triggers share
         from kubernetes_asyncio.client import CoreV1Api
 
         async with shared_api_client(self.kubernetes_conn_id) as api_client:
             if self.master_log is not None and self.wait_for == WAIT_FINISHED:
                 outcome = await self._wait_following(CoreV1Api(api_client), api_client)
+                if self._records is not None:  # the resumed task counts them shown: in the log first
+                    await self._records.written(DRAIN_TIMEOUT)
             else:
                 outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
@@ -225,7 +246,8 @@ class MPIJobTrigger(BaseTrigger):
         assert self.master_log is not None
         view = OutputPlan.from_dict(self.master_log)
         shown = await asyncio.to_thread(lines_in_try_log, getattr(self, "task_instance", None))
-        output = MasterOutput(view, self._emit_lines, self._warn_lines, skip_lines=max(self.skip_lines, shown))
+        records = self._records = MasterRecords(lambda: output.lines_read)
+        output = MasterOutput(view, records.info, records.warning, skip_lines=max(self.skip_lines, shown))
         if shown > self.skip_lines:
             self.log.info(
                 "airflow-mpi: this try's log holds %d line(s) of %s already: going on after them", shown, view.master
@@ -241,6 +263,7 @@ class MPIJobTrigger(BaseTrigger):
             budget=budget_for_loop().for_job(),
             log=self.log,
             pod=self._master_pod_now,
+            room=log_writer().room,
         )
         following = asyncio.create_task(follower.run(), name=f"log-{view.master}")
         watching = asyncio.create_task(self._wait(core, api_client), name=f"watch-{self.job_name}")
@@ -277,18 +300,6 @@ class MPIJobTrigger(BaseTrigger):
             "message": str(failure),
             "log_lines": self._output.lines_read,
         }
-
-    def _emit_lines(self, text: str) -> None:
-        """A record of the master's lines into the task try's log, marked with how far the
-        master's log has been read (``logfollow`` says why)."""
-        from airflow_mpi.triggers.logfollow import build_mark
-
-        _master_log().info(text, logger=build_mark(self._output.lines_read))
-
-    def _warn_lines(self, text: str) -> None:
-        from airflow_mpi.triggers.logfollow import build_mark
-
-        _master_log().warning(text, logger=build_mark(self._output.lines_read))
 
     async def _wait(self, core: Any, api_client: Any) -> Outcome:
         """Watch until the pods decide, the deadline passes, the API refuses, or the API has not
@@ -370,6 +381,20 @@ class MPIJobTrigger(BaseTrigger):
             if outcome is not None:
                 return outcome
 
+    def _still_starting(self, states: list[PodState], now: float) -> Outcome | None:
+        """The startup bound of a job whose master started with its workers: once every worker
+        is Ready it is lifted; past it, the workers not Ready are named, as the sensor names them."""
+        if self.startup_deadline is None:
+            return None
+        probes = probes_from_states(self.job_name, states, self.roles)
+        if all(probe.ok for probe in probes):
+            self.startup_deadline = None
+            return None
+        if now < self.startup_deadline:
+            return None
+        reason = summarize_not_ready(probes, float(self.startup_timeout or 0), self.ssh_port)
+        return {"status": STATUS_TIMEOUT, "starting": True, "reason": reason}
+
     def _master_pod_now(self) -> str | None:
         return self.kind.master_pod_now(self._watch_loop.table, self.master_pod)
 
@@ -377,9 +402,10 @@ class MPIJobTrigger(BaseTrigger):
         """When ``decide`` must look again whatever the API does: the deadline, or the end of
         the allowed queue wait when it comes first (the deadline moves on while queued)."""
         clock = self.queue_clock
+        wake = self.deadline if self.startup_deadline is None else min(self.deadline, self.startup_deadline)
         if clock.limit is None or clock.since is None:
-            return self.deadline
-        return min(self.deadline, clock.since + clock.limit - clock.waited)
+            return wake
+        return min(wake, clock.since + clock.limit - clock.waited)
 
     def _vanished(self, table: PodTable) -> Outcome | None:
         """After a list: every pod waited for was created before the deferral, so one that is not
@@ -420,6 +446,7 @@ class MPIJobTrigger(BaseTrigger):
         """The user killed the task while it was deferred: delete the job (Airflow 3.3+)."""
         if self._fired:
             return
+        await import_client()
         from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 
         async with shared_api_client(self.kubernetes_conn_id) as api_client:
@@ -448,16 +475,6 @@ def last_lines(tail: list[str]) -> list[str]:
     """The master's last lines for the event: the resumed task's failure message quotes them
     when the master pod (its log) is gone by then. Bounded: the event is stored."""
     return [line[:TAIL_LINE_CHARS] for line in tail[-TAIL_LINES:]]
-
-
-def _master_log() -> Any:
-    """The logger of the master's lines: structlog, whose fields reach the log file (stdlib
-    logging's ``extra`` does not, in Airflow 3's triggerer)."""
-    import structlog
-
-    from airflow_mpi.triggers.logfollow import MASTER_LOGGER
-
-    return structlog.get_logger(logger_name=MASTER_LOGGER)
 
 
 async def _watch_events(response: Any) -> AsyncGenerator[dict[str, Any], None]:

@@ -205,7 +205,9 @@ def test_403_on_create_pods(mode: str, double: KubeDouble, fault_row: FaultRow) 
 @pytest.mark.parametrize("mode", MODES)
 def test_403_on_watch_pods(mode: str, double: KubeDouble, scripts: Scripts, fault_row: FaultRow) -> None:
     deny_unreviewed(double, "watch", "pods")
-    scripts.on("-worker-", PodScript(start_delay=1.0))  # not ready at the first list: the trigger must watch
+    # Not started at the first list (the master starts with the workers): the trigger must watch.
+    scripts.on("-worker-", PodScript(start_delay=1.0))
+    scripts.on("-master-", PodScript(start_delay=1.0))
     task = run_task(mode)
     assert task.state == "failed" and isinstance(task.error, BackendRequestFailed)
     assert "cannot `watch` `pods` in namespace default (403 Forbidden)" in task.message

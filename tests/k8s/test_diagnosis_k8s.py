@@ -88,6 +88,8 @@ def test_deferred_job_whose_worker_sshd_cannot_start_names_the_cause(
     dagbag: Any, double: KubeDouble, scripts: Scripts, capfd: pytest.CaptureFixture[str], fault_row: FaultRow
 ) -> None:
     scripts.on("-worker-", PodScript(lines=lines_of(PRIVSEP), exit_code=255))
+    # Started with the workers, the master's launch script waits for their sshd meanwhile.
+    scripts.on("-master-", PodScript(lines=lambda: iter(["[airflow-mpi] waiting for sshd"])))
     started = time.monotonic()
     dag_run = dagbag.get_dag("mpi_test_k8s_deferred").test()
     seconds = time.monotonic() - started

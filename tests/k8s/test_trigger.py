@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from airflow_mpi.observe.status import PodTable
 from airflow_mpi.triggers.mpi import MPIJobTrigger
 from tests.airflow_helpers import task_states
 from tests.doubles.kube_double import KubeDouble, PodScript
-from tests.k8s.conftest import Scripts, job_objects
+from tests.k8s.conftest import Scripts, job_objects, unique
 from tests.k8s.test_kubernetes_backend import make_plan
 
 
@@ -81,6 +84,90 @@ def test_decisions() -> None:
         )
     )
     assert finished == {"status": "finished"}
+
+
+IMPORT_ON_A_LOOP = """
+import asyncio, sys, time
+from airflow_mpi.triggers.api_client import import_client
+assert "kubernetes_asyncio.client" not in sys.modules
+async def main():
+    gaps, last = [0.0], time.monotonic()
+    async def tick():
+        nonlocal last
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.05)  # the ticker runs
+    started = time.monotonic()
+    await import_client()
+    took = time.monotonic() - started
+    await asyncio.sleep(0.05)  # the ticker sees the gap, if the import made one
+    print(took, max(gaps))
+    ticker.cancel()
+asyncio.run(main())
+"""
+
+
+def test_the_async_client_is_imported_off_the_event_loop() -> None:
+    # The first trigger of a triggerer imports kubernetes_asyncio: seconds, during which every
+    # other trigger on that loop would stand still (Airflow warns above 0.2 s).
+    run = subprocess.run([sys.executable, "-c", IMPORT_ON_A_LOOP], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    took, longest_gap = map(float, run.stdout.split())
+    assert longest_gap < min(1.0, took / 2), (took, longest_gap)
+
+
+def test_waiting_for_the_end_bounds_the_workers_start() -> None:
+    one_ready = table(pod("job-1-worker-0", "worker", ready=True), pod("job-1-master-0", "master"))
+    waiting = trigger(wait_for="finished", startup_timeout=60.0)
+    assert waiting.decide(one_ready) is None  # within startup_timeout: the master's script waits too
+    waiting.startup_deadline = time.time() - 1
+    late = waiting.decide(one_ready)
+    assert late is not None and late["status"] == "timeout" and late.get("starting") is True
+    assert late["reason"].splitlines() == [
+        "1 of 2 worker host(s) did not accept ssh within 60s:",
+        "  job-1-worker-1.job-1: pod not ready: the pod is not running yet [pod not running yet]",
+    ]
+    # Once every worker was Ready the bound is lifted: the job's own timeout rules from then on.
+    started = trigger(wait_for="finished", startup_timeout=60.0)
+    both = table(
+        pod("job-1-worker-0", "worker", ready=True),
+        pod("job-1-worker-1", "worker", ready=True),
+        pod("job-1-master-0", "master"),
+    )
+    assert started.decide(both) is None and started.startup_deadline is None
+    # Without the bound (a job whose workers were Ready before it deferred): nothing to time.
+    assert trigger(wait_for="finished").startup_deadline is None
+
+
+@pytest.mark.usefixtures("connections")
+def test_a_deferrable_task_creates_the_job_whole_and_defers_once(double: KubeDouble) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_mpi.operators.mpi import MPIJobOperator
+
+    job = {"name": "whole", "image": "registry.example/train:1", "command": ["python", "t.py"]}
+    operator = MPIJobOperator(task_id="t", job={**job, "workers": {"replicas": 2}}, mpi_conn_id="mpi_k8s")
+    operator.deferrable = True
+    ti = SimpleNamespace(dag_id="d", task_id="t", run_id=unique("whole"), map_index=-1, try_number=1)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute({"ti": ti})
+    fired = deferred.value.trigger
+    try:
+        assert isinstance(fired, MPIJobTrigger)
+        assert fired.wait_for == "finished" and fired.startup_timeout == 300
+        assert fired.master_log is not None  # the master's lines are followed from the start
+        pods = [name for name in job_objects(double, fired.job_name) if name.startswith("pods/")]
+        assert sorted(pods) == sorted(f"pods/{name}" for name in [fired.master_pod, *fired.worker_pods])
+    finally:
+        asyncio.run(fired.on_kill())
+        deadline = time.monotonic() + 10
+        while job_objects(double, fired.job_name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert job_objects(double, fired.job_name) == []
 
 
 @pytest.mark.usefixtures("connections")
