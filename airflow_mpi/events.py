@@ -32,7 +32,7 @@ class Outcome(_Status, total=False):
     log_lines: int  # whole master lines the trigger's log follow read (shown, or shown before)
     tail: list[str]  # the master's last lines the trigger read (for a message once its log is gone)
     queued: bool  # STATUS_TIMEOUT: past scheduling.queue_timeout (``reason`` is the whole error)
-    starting: bool  # STATUS_TIMEOUT: workers not Ready within startup_timeout (one line per host)
+    starting: bool  # before every worker was Ready (STATUS_TIMEOUT: not within startup_timeout)
     never_starts: bool  # STATUS_FAILED: the job's controller refused or failed it before its pods ran
 
 

@@ -296,7 +296,7 @@ class JobRunner:
             return JobFailed(event["message"], pod=event.get("pod"), rank=event.get("rank"))
         if status == STATUS_FAILED and event.get("pod") != self.plan.master.name:
             failed = JobStatus(JobPhase.FAILED, event.get("pod"), event.get("exit_code"), event.get("reason", ""))
-            when = "before sshd was ready" if wait_for == WAIT_READY else "while training"
+            when = "before sshd was ready" if wait_for == WAIT_READY or event.get("starting") else "while training"
             return worker_failure(self.backend, self.job_name, failed, when)
         return None
 

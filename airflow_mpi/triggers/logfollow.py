@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,12 @@ LOG_READ_TIMEOUT = 60.0  # a stream silent this long is reopened from the cursor
 JOB_BYTES_PER_S = 512 * 1024  # one job's share of the task-log writes (~5k lines/s of 100 bytes)
 PROCESS_BYTES_PER_S = 4 * 1024 * 1024  # every job of one triggerer together
 BURST_S = 1.0  # seconds of rate a quiet job may spend at once
+# The log channel's own pace: a record write that waits this long off the CPU means Airflow's
+# triggerer supervisor is behind; each job's rate then halves (not below the floor) and grows back by a
+# quarter a second while writes are quick again.
+SLOW_WRITE_S = 0.05
+JOB_FLOOR_BYTES_PER_S = 16 * 1024
+RECOVERY_PER_S = 0.25
 
 
 class TokenBucket:
@@ -63,17 +69,32 @@ class LogBudget:
     flood neither starves the others nor grows memory."""
 
     def __init__(self, job_rate: float = JOB_BYTES_PER_S, process_rate: float = PROCESS_BYTES_PER_S) -> None:
-        self.job_rate = job_rate
+        self.max_job_rate = self.job_rate = job_rate
         self.process = TokenBucket(process_rate, process_rate * BURST_S)
+        self.slowed_at: float | None = None  # when a slow write last halved the job rate
 
     def for_job(self) -> Callable[[int], float]:
         own = TokenBucket(self.job_rate, self.job_rate * BURST_S)
 
         def delay(size: int) -> float:
             now = time.monotonic()
+            own.rate = self._job_rate(now)
             return max(own.delay(size, now), self.process.delay(size, now))
 
         return delay
+
+    def wrote(self, seconds: float, now: float | None = None) -> None:
+        """A record took ``seconds`` to write: past ``SLOW_WRITE_S`` the channel is behind."""
+        if seconds >= SLOW_WRITE_S:
+            now = time.monotonic() if now is None else now
+            self.job_rate = max(JOB_FLOOR_BYTES_PER_S, self._job_rate(now) / 2)
+            self.slowed_at = now
+
+    def _job_rate(self, now: float) -> float:
+        if self.slowed_at is None:
+            return self.job_rate
+        grown: float = self.job_rate * (1 + RECOVERY_PER_S) ** (now - self.slowed_at)
+        return min(self.max_job_rate, grown)
 
 
 _BUDGETS: dict[int, LogBudget] = {}  # per event loop (id): a triggerer runs one
@@ -137,7 +158,6 @@ class MasterLogFollower:
         read_timeout: float = LOG_READ_TIMEOUT,
         log: Any = None,
         pod: Callable[[], str | None] | None = None,
-        room: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.api_client = api_client
         self.namespace = namespace
@@ -148,9 +168,6 @@ class MasterLogFollower:
         self.output = output
         self.master_ended = master_ended
         self.budget = budget or (lambda size: 0.0)
-        # Until the lines shown so far may be followed by more (the log writer's backlog): the
-        # lines wait in the pod's log meanwhile, not in memory.
-        self.room = room
         self.read_timeout = read_timeout
         self.log = log
         self.cursor = LogCursor()
@@ -244,8 +261,6 @@ class MasterLogFollower:
                         return False
                     delay = self.budget(len(chunk))
                     await asyncio.sleep(delay)  # 0 within the budget: a step for the other jobs
-                    if self.room is not None:
-                        await self.room()
         except asyncio.CancelledError:
             raise
         except Exception as error:

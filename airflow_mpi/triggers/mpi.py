@@ -57,7 +57,7 @@ from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, PodTable, W
 from airflow_mpi.spec import Role
 from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client
 from airflow_mpi.triggers.kind_reads import KindReads
-from airflow_mpi.triggers.logwriter import MasterRecords, log_writer
+from airflow_mpi.triggers.logwriter import MasterRecords
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
@@ -209,6 +209,7 @@ class MPIJobTrigger(BaseTrigger):
                 "pod": status.failed_pod,
                 "exit_code": status.exit_code,
                 "reason": status.reason,
+                "starting": self.startup_deadline is not None,  # before every worker was Ready
             }
         if self.wait_for == WAIT_READY and status.phase is JobPhase.READY:
             return {"status": WAIT_READY}
@@ -230,9 +231,11 @@ class MPIJobTrigger(BaseTrigger):
 
         async with shared_api_client(self.kubernetes_conn_id) as api_client:
             if self.master_log is not None and self.wait_for == WAIT_FINISHED:
-                outcome = await self._wait_following(CoreV1Api(api_client), api_client)
-                if self._records is not None:  # the resumed task counts them shown: in the log first
-                    await self._records.written(DRAIN_TIMEOUT)
+                try:
+                    outcome = await self._wait_following(CoreV1Api(api_client), api_client)
+                finally:
+                    if self._records is not None:  # the resumed task counts them shown: in the log first
+                        self._records.flush()
             else:
                 outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
@@ -263,7 +266,6 @@ class MPIJobTrigger(BaseTrigger):
             budget=budget_for_loop().for_job(),
             log=self.log,
             pod=self._master_pod_now,
-            room=log_writer().room,
         )
         following = asyncio.create_task(follower.run(), name=f"log-{view.master}")
         watching = asyncio.create_task(self._wait(core, api_client), name=f"watch-{self.job_name}")

@@ -100,7 +100,9 @@ def test_deferred_job_whose_worker_sshd_cannot_start_names_the_cause(
     cause_line = cause_line[cause_line.find("MPI job") :]  # the message, without the log line's prefix
     fault_row("sshd: missing /run/sshd", "kubernetes", "deferrable", state, seconds, cause_line, left)
     assert state == "failed"
-    assert "sshd exited: its privilege separation directory /run/sshd does not exist" in out
+    assert (
+        "failed before sshd was ready: sshd exited: its privilege separation directory /run/sshd does not exist" in out
+    )
     assert "fix: create it before sshd starts: mkdir -p /run/sshd" in out
     assert left == []
 

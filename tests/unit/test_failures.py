@@ -35,8 +35,15 @@ def event(status: str, wait_for: str, **fields: Any) -> JobEvent:
 
 
 def test_a_worker_failure_event_reads_as_the_synchronous_one() -> None:
-    for wait_for, when in ((WAIT_READY, "before sshd was ready"), (WAIT_FINISHED, "while training")):
-        failed = event(STATUS_FAILED, wait_for, pod=WORKER, exit_code=137, reason=f"pod {WORKER} OOMKilled")
+    cases = (
+        (WAIT_READY, False, "before sshd was ready"),  # what earlier versions deferred for
+        (WAIT_FINISHED, True, "before sshd was ready"),  # the one deferral, before every worker was Ready
+        (WAIT_FINISHED, False, "while training"),
+    )
+    for wait_for, starting, when in cases:
+        failed = event(
+            STATUS_FAILED, wait_for, pod=WORKER, exit_code=137, reason=f"pod {WORKER} OOMKilled", starting=starting
+        )
         error = runner().event_failure(failed)
         status = JobStatus(JobPhase.FAILED, WORKER, 137, f"pod {WORKER} OOMKilled")
         same = worker_failure(Logs(), PLAN.job_name, status, when)  # type: ignore[arg-type]
@@ -49,6 +56,8 @@ def test_a_worker_failure_event_reads_as_the_synchronous_one() -> None:
 def test_timeout_events() -> None:
     not_ready = runner().event_failure(event(STATUS_TIMEOUT, WAIT_READY, reason="1 of 2 worker host(s) did not ..."))
     assert isinstance(not_ready, SshdNotReady) and str(not_ready) == "1 of 2 worker host(s) did not ..."
+    starting = event(STATUS_TIMEOUT, WAIT_FINISHED, reason="1 of 2 worker host(s) did not ...", starting=True)
+    assert str(runner().event_failure(starting)) == str(not_ready)  # the one deferral's startup bound
     late = runner().event_failure(event(STATUS_TIMEOUT, WAIT_FINISHED, reason="ran past"))
     assert isinstance(late, JobTimeout)
     master = PLAN.master.name

@@ -1,114 +1,86 @@
-"""The log writer: the master's lines written by a thread of their own, in order, each in the
-context of the trigger that queued it, with the event loop never waiting on a slow sink."""
+"""The trigger's records of the master's lines: a job's lines held up to ``HOLD`` and written as
+one record (marked through its last line), warnings at once after what was held, and each record
+in the context of the trigger (Airflow routes a record to its task's log by context variables)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import threading
-import time
 
-import pytest
+from structlog.contextvars import bind_contextvars, merge_contextvars
+from structlog.testing import capture_logs
 
-from airflow_mpi.triggers import logwriter
-from airflow_mpi.triggers.logwriter import LogWriter
-
-TRIGGER = contextvars.ContextVar("trigger_id", default=None)
+from airflow_mpi.observe.output import MAX_RECORD_LINES
+from airflow_mpi.triggers.logfollow import build_mark
+from airflow_mpi.triggers.logwriter import HOLD, MasterRecords
 
 
-def test_records_are_written_in_order_each_in_the_context_that_queued_it() -> None:
-    writer, seen = LogWriter(), []
+class Reader:
+    """Stands for the master output's count of lines read."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+    def read(self, text: str) -> str:
+        self.lines += text.count("\n") + 1
+        return text
+
+
+def test_lines_within_the_hold_are_one_record_marked_through_the_last() -> None:
+    reader = Reader()
 
     async def trigger(trigger_id: int) -> None:
-        TRIGGER.set(trigger_id)  # as Airflow binds a trigger's ids before running it
-        for line in range(500):
-            writer.write(lambda line=line: seen.append((TRIGGER.get(), line)))
-            if line % 50 == 0:
-                await asyncio.sleep(0)
+        bind_contextvars(trigger_id=trigger_id)  # as Airflow's runner binds a trigger's ids
+        records = MasterRecords(lambda: reader.lines)
+        for i in range(5):
+            records.info(reader.read(f"[1,0]<stdout>:line {i}"))
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(HOLD + 0.2)  # the hold's timer writes them
 
-    async def both() -> None:
-        await asyncio.gather(trigger(1), trigger(2))
-        await writer.written()
-
-    asyncio.run(both())
-    assert len(seen) == 1000 and writer.backlog == 0
-    for trigger_id in (1, 2):
-        assert [line for owner, line in seen if owner == trigger_id] == list(range(500))
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        asyncio.run(trigger(7))
+    assert [(log["event"], log["logger"], log["trigger_id"]) for log in logs] == [
+        ("\n".join(f"[1,0]<stdout>:line {i}" for i in range(5)), build_mark(5), 7)
+    ]
 
 
-def test_a_blocked_sink_does_not_block_the_event_loop() -> None:
-    writer, gate = LogWriter(), threading.Event()
+def test_a_warning_goes_out_at_once_after_the_lines_held_before_it() -> None:
+    reader = Reader()
 
-    async def main() -> tuple[float, float]:
-        gaps, last = [0.0], time.monotonic()
+    async def trigger() -> None:
+        records = MasterRecords(lambda: reader.lines)
+        records.info(reader.read("[1,0]<stdout>:AIRFLOW_MPI_RESULT nope"))
+        records.warning("airflow-mpi: WARNING: the result line is not JSON")
+        records.info(reader.read("[1,0]<stdout>:after"))
+        records.flush()  # as the trigger does before it fires
 
-        async def tick() -> None:
-            nonlocal last
-            while True:
-                await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
-        started = time.monotonic()
-        number = writer.write(lambda: gate.wait(10))  # a supervisor not reading its socket
-        queued_in = time.monotonic() - started
-        asyncio.get_running_loop().call_later(0.5, gate.set)
-        await writer.written(number)
-        ticker.cancel()
-        return queued_in, max(gaps)
-
-    queued_in, longest_gap = asyncio.run(main())
-    assert queued_in < 0.05
-    assert longest_gap < 0.2  # the loop went on for the 0.5 s the write was blocked
+    with capture_logs() as logs:
+        asyncio.run(trigger())
+    assert [(log["log_level"], log["event"], log["logger"]) for log in logs] == [
+        ("info", "[1,0]<stdout>:AIRFLOW_MPI_RESULT nope", build_mark(1)),
+        ("warning", "airflow-mpi: WARNING: the result line is not JSON", build_mark(1)),
+        ("info", "[1,0]<stdout>:after", build_mark(2)),
+    ]
 
 
-def test_room_waits_while_too_much_is_queued() -> None:
-    writer, gate = LogWriter(limit=10), threading.Event()
+def test_a_flood_is_written_as_soon_as_a_record_is_full() -> None:
+    reader = Reader()
+    batch = "\n".join(f"[1,0]<stdout>:{i}" for i in range(MAX_RECORD_LINES))
 
-    async def main() -> None:
-        for _ in range(20):
-            writer.write(gate.wait, 10)
-        room = asyncio.create_task(writer.room())
-        await asyncio.sleep(0.3)
-        assert not room.done() and writer.backlog >= 10  # the follows wait: lines stay in the pod's log
-        gate.set()
-        async with asyncio.timeout(5):
-            await room
-            await writer.written()
-        assert writer.backlog == 0
+    async def trigger() -> list[int]:
+        records = MasterRecords(lambda: reader.lines)
+        with capture_logs() as logs:
+            records.info(reader.read(batch))
+            written_at_once = len(logs)
+            records.flush()
+        return [written_at_once, len(logs)]
 
-    asyncio.run(main())
+    assert asyncio.run(trigger()) == [1, 1]  # nothing held, nothing left to write
 
 
-def test_a_failing_record_is_not_fatal() -> None:
-    writer, seen = LogWriter(), []
+def test_nothing_held_writes_nothing() -> None:
+    async def trigger() -> None:
+        MasterRecords(lambda: 0).flush()
 
-    def broken() -> None:
-        raise ValueError("cannot write")
-
-    async def main() -> None:
-        writer.write(broken)
-        writer.write(seen.append, "after")
-        await writer.written()
-
-    asyncio.run(main())
-    assert seen == ["after"]
-
-
-def test_the_thread_ends_when_idle_and_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logwriter, "IDLE_EXIT", 0.1)
-    writer, seen = LogWriter(), []
-
-    async def write(value: str) -> None:
-        writer.write(seen.append, value)
-        await writer.written()
-
-    asyncio.run(write("first"))
-    deadline = time.monotonic() + 5
-    while writer._thread is not None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert writer._thread is None
-    asyncio.run(write("second"))
-    assert seen == ["first", "second"]
+    with capture_logs() as logs:
+        asyncio.run(trigger())
+    assert logs == []
