@@ -152,10 +152,11 @@ def read_trigger_logs(home: Path, steady_after_ns: int) -> dict[str, dict[str, A
     return found
 
 
-def blocked_warnings(airflow: Airflow, released: float) -> dict[str, list[float]]:
-    """The triggerer's watchdog warnings, while the streams start and after."""
+def blocked_warnings(airflow: Airflow, released: float) -> dict[str, list[Any]]:
+    """The triggerer's watchdog warnings, while the streams start and after (``"when"``: the
+    steady ones' (time, lag))."""
     text = (airflow.home / "triggerer.out").read_text(errors="replace")
-    got: dict[str, list[float]] = {"start": [], "steady": []}
+    got: dict[str, list[Any]] = {"start": [], "steady": [], "when": []}
     for line in text.splitlines():
         hit = BLOCKED.search(line)
         stamp = re.match(r"(\d{4}-\d\d-\d\dT[\d:.]+Z?)", line)
@@ -164,14 +165,24 @@ def blocked_warnings(airflow: Airflow, released: float) -> dict[str, list[float]
         at = datetime.datetime.fromisoformat(stamp[1].replace("Z", "+00:00")).timestamp() if stamp else released
         if at >= released:
             got["steady" if at >= released + WARMUP else "start"].append(float(hit[1]))
+            if at >= released + WARMUP:
+                got["when"].append((at, float(hit[1])))
     return got
 
 
-def long_steps(path: Path, released: float) -> dict[str, Any]:
+def long_steps(path: Path, released: float, warnings: list[tuple[float, float]]) -> dict[str, Any]:
     """The event loop's steps over 0.1 s after the streams started (``bench/loopstat``): how
-    many, and where their time went."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    rows = [row for row in rows if row["at"] >= released + WARMUP]
+    many, and where their time went; and over each watchdog warning's lag (``warnings``: when,
+    how long), the loop thread's time on a CPU and waiting for one."""
+    every = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    ticks = [row for row in every if row.get("tick")]
+    rows = [row for row in every if not row.get("tick") and row["at"] >= released + WARMUP]
+    lagged = {"seconds": 0.0, "cpu": 0.0, "runqueue": 0.0}
+    for at, lag in warnings:
+        for tick in ticks:
+            if at - lag - 0.05 <= tick["at"] <= at + 0.05:
+                for key in lagged:
+                    lagged[key] += tick[key]
     wall = sum(row["wall"] for row in rows)
     cpu = sum(row["cpu"] for row in rows)
     runqueue = sum(row["runqueue"] for row in rows)
@@ -185,6 +196,8 @@ def long_steps(path: Path, released: float) -> dict[str, Any]:
         "waiting_for_cpu_s": runqueue,
         "blocked_s": max(0.0, wall - cpu - runqueue),
         "log_follow_steps": len(follows),
+        "warned_lag_s": sum(lag for _, lag in warnings),
+        "warned_ticks": lagged,
         "longest": [
             {key: row[key] for key in ("wall", "cpu", "runqueue", "what", "stack")}
             for row in sorted(rows, key=lambda row: -row["wall"])[:3]
@@ -228,7 +241,7 @@ def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8, loop_s
                 per_task = read_trigger_logs(home, int((released + WARMUP) * 1e9))
                 warned = blocked_warnings(airflow, released)
                 final_states = task_states(home)
-                steps = long_steps(steps_file, released) if loop_stats else None
+                steps = long_steps(steps_file, released, warned["when"]) if loop_stats else None
                 if os.environ.get("BENCH_KEEP"):  # for a look at what Airflow wrote
                     shutil.copytree(home, os.environ["BENCH_KEEP"], dirs_exist_ok=True)
     finally:

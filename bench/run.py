@@ -429,6 +429,9 @@ def real_triggerer_logs(quick: bool) -> list[Figure]:
             "s",
         ),
         figure(f"{prefix}: of those steps' time, blocked in a system call", steps["blocked_s"], "s"),
+        figure(f"{prefix}: the warnings' lag, in all", steps["warned_lag_s"], "s"),
+        figure(f"{prefix}: of that lag, the loop on a CPU", steps["warned_ticks"]["cpu"], "s"),
+        figure(f"{prefix}: of that lag, the loop waiting for a CPU", steps["warned_ticks"]["runqueue"], "s"),
     ]
     return figures
 

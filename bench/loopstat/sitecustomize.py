@@ -5,7 +5,9 @@ step (``asyncio.Handle._run``) of the loop and, for each over ``LONG_STEP`` seco
 JSON line: its wall time split, from the thread's ``/proc/.../schedstat``, into time on a CPU and
 time waiting for one (runnable, not run: CPU contention); the rest was the thread blocked in a
 system call. What ran: the task's name (``log-<pod>`` is a log follow) and the innermost frames
-of the loop thread's stack, sampled while the step ran long.
+of the loop thread's stack, sampled while the step ran long. Every ``TICK`` seconds it also
+writes the loop thread's time on a CPU and waiting for one (``"tick"`` rows): a lag of the loop
+made of many short steps is read from those.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from typing import Any
 
 OUT = os.environ.get("AIRFLOW_MPI_LOOP_STATS")
 LONG_STEP = 0.1
+TICK = 0.1
+
+
+def _thread_schedstat(native_id: int) -> tuple[int, int]:
+    with open(f"/proc/self/task/{native_id}/schedstat") as handle:
+        on_cpu, waiting, _ = handle.read().split()
+    return int(on_cpu), int(waiting)
 
 
 def _schedstat() -> tuple[int, int]:
@@ -34,12 +43,27 @@ class _Step:
 
     started: float | None = None
     thread: int | None = None
+    native: int | None = None
     stack: list[str] | None = None
 
 
-def _sample() -> None:
+def _sample(path: str) -> None:
+    last_tick, last_stat = time.monotonic(), None
     while True:
         time.sleep(0.02)
+        if _Step.native is not None and time.monotonic() - last_tick >= TICK:
+            now, stat = time.monotonic(), _thread_schedstat(_Step.native)
+            if last_stat is not None:
+                row = {
+                    "tick": True,
+                    "at": time.time(),
+                    "seconds": round(now - last_tick, 4),
+                    "cpu": (stat[0] - last_stat[0]) / 1e9,
+                    "runqueue": (stat[1] - last_stat[1]) / 1e9,
+                }
+                with open(path, "a") as out:
+                    out.write(json.dumps(row) + "\n")
+            last_tick, last_stat = now, stat
         started, thread = _Step.started, _Step.thread
         if started is None or thread is None or _Step.stack is not None:
             continue
@@ -65,10 +89,15 @@ def _install(path: str) -> None:
 
     def timed_run(self: asyncio.events.Handle) -> None:
         if not sampler or sampler[0].ident is None or not sampler[0].is_alive():  # a fork has no threads
-            sampler[:] = [threading.Thread(target=_sample, daemon=True, name="loopstat")]
+            sampler[:] = [threading.Thread(target=_sample, args=(path,), daemon=True, name="loopstat")]
             sampler[0].start()
         started, (cpu0, wait0) = time.monotonic(), _schedstat()
-        _Step.thread, _Step.stack, _Step.started = threading.get_ident(), None, started
+        _Step.thread, _Step.native, _Step.stack, _Step.started = (
+            threading.get_ident(),
+            threading.get_native_id(),
+            None,
+            started,
+        )
         try:
             original(self)
         finally:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from tests.airflow_processes import Airflow, airflow_processes, wait_for
+from tests.doubles.kube_double import KubeDouble, ScriptedKubelet
+from tests.k8s.conftest import Scripts
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -54,11 +56,25 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def ui() -> Iterator[Airflow]:
-    """Airflow with the example DAG (local backend), the tier's own DAG, and connections: the
-    local backend (``mpi_default``), and a Kubernetes API nobody serves (``kube_unreachable``,
-    for the connection test's failure). The home is not under
-    /tmp: a local pod gets a /tmp of its own, and the example's ranks run its training script."""
+def scripts() -> Scripts:
+    return Scripts()
+
+
+@pytest.fixture(scope="module")
+def kube(scripts: Scripts) -> Iterator[KubeDouble]:
+    double = KubeDouble(ScriptedKubelet(scripts))
+    double.start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+def ui(kube: KubeDouble) -> Iterator[Airflow]:
+    """Airflow with the example DAG (local backend), the tier's own DAGs, and connections: the
+    local backend (``mpi_default``), the API double (``mpi_k8s``, for the deferred task), and a
+    Kubernetes API nobody serves (``kube_unreachable``, for the connection test's failure). The
+    home is not under /tmp: a local pod gets a /tmp of its own, and the example's ranks run its
+    training script."""
     home = Path(tempfile.mkdtemp(prefix="airflow-mpi-ui-", dir="/var/tmp")) / "home"
     dags = {"ui_dags.py": (Path(__file__).parent / "ui_dags.py").read_text()}
     for path in (REPO / "dags").rglob("*.py"):
@@ -74,6 +90,15 @@ def ui() -> Iterator[Airflow]:
         ),
         "AIRFLOW_CONN_KUBE_UNREACHABLE": json.dumps(
             {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(unreachable)}}
+        ),
+        "AIRFLOW_CONN_KUBE_DOUBLE": json.dumps(
+            {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kube.kubeconfig())}}
+        ),
+        "AIRFLOW_CONN_MPI_K8S": json.dumps(
+            {
+                "conn_type": "mpi",
+                "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kube_double", "namespace": "default"},
+            }
         ),
     }
     with airflow_processes(home, dags, env=env, AIRFLOW__CORE__TEST_CONNECTION="Enabled") as processes:

@@ -1,14 +1,15 @@
 """What a user sees in Airflow's UI, in a real browser: a run of the example DAG triggered from its
-page, its MPI task's log live while it trains and whole once it ends; a failed task's cause; the
-``mpi`` connection form and its Test button. Screenshots: ``.artifacts/browser``. (A deferred
-task's page is checked through the REST API by tests/k8s/test_deferred_live_log.py; its browser
-test is out until a race in Airflow's resumption under load is understood.)"""
+page, its MPI task's log live while it trains and whole once it ends; a deferred task's log while
+it is deferred and whole once it resumed; a failed task's cause and its "MPI job" link; the
+``mpi`` connection form and its Test button. Screenshots: ``.artifacts/browser`` (two are in
+docs/guides/airflow-ui.md)."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -16,6 +17,8 @@ import pytest
 
 from tests.airflow_processes import Airflow
 from tests.browser.conftest import ARTIFACTS, until
+from tests.doubles.kube_double import PodScript
+from tests.k8s.conftest import Scripts
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
 
@@ -104,6 +107,37 @@ def test_a_run_triggered_from_the_ui_shows_the_ranks_live_and_every_line_once_af
     assert rank_lines, text[-3000:]
     epochs = [line for line in rank_lines if "epoch" in line.lower()]
     assert epochs and len(epochs) == len(set(epochs)), epochs  # each line once
+    assert text.count("AIRFLOW_MPI_RESULT") == 1
+
+
+DEFERRED_LINES = 150
+
+
+@pytest.fixture
+def slow_master(scripts: Scripts) -> Iterator[None]:
+    def lines() -> Iterator[str]:
+        for i in range(DEFERRED_LINES):
+            time.sleep(0.1)
+            yield f"[1,0]<stdout>:line {i:03d}"
+        yield "[1,0]<stdout>:AIRFLOW_MPI_RESULT " + json.dumps({"lines": DEFERRED_LINES})
+
+    scripts.on("uidefer", PodScript(lines=lines, exit_code=0))
+    yield
+    scripts.rules.clear()
+
+
+@pytest.mark.usefixtures("slow_master")
+def test_a_deferred_task_shows_its_lines_while_deferred_and_each_once_after(ui: Airflow, browser: Any) -> None:
+    dag_id = "ui_deferred"
+    run_id = trigger_from_the_ui(ui, browser, dag_id)
+    until("train deferred", lambda: task_state(ui, dag_id, run_id, "train") == "deferred", 180, ui)
+    open_task(ui, browser, dag_id, run_id, "train")
+    until("the master's lines while deferred", lambda: "<stdout>:line 0" in page_text(browser), 120, ui, browser)
+    assert task_state(ui, dag_id, run_id, "train") == "deferred"
+    shot(browser, "03-deferred-log")
+    until("the deferred task to succeed", lambda: task_state(ui, dag_id, run_id, "train") == "success", 240, ui)
+    text = log_text(ui, dag_id, run_id, "train")
+    assert re.findall(r"<stdout>:line (\d{3})", text) == [f"{i:03d}" for i in range(DEFERRED_LINES)]  # once, in order
     assert text.count("AIRFLOW_MPI_RESULT") == 1
 
 
