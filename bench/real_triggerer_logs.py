@@ -205,7 +205,24 @@ def long_steps(path: Path, released: float, warnings: list[tuple[float, float]])
     }
 
 
-def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8, loop_stats: bool = False) -> dict[str, Any]:
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` and of its descendants onto ``cpus``."""
+    for process in (pid, *descendants(pid)):
+        for task in Path(f"/proc/{process}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except OSError:
+                pass  # ended meanwhile
+
+
+def measure(
+    jobs: int,
+    rate: float,
+    seconds: float,
+    parallelism: int = 8,
+    loop_stats: bool = False,
+    triggerer_cpu: bool = False,
+) -> dict[str, Any]:
     names = [f"l{i}" for i in range(jobs)] + ["flood"]
     double = Double()
     try:
@@ -232,6 +249,11 @@ def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8, loop_s
                 at_start = wait_for("every task following its master", lambda: settled(double, home), 1200, airflow)
                 following = sorted(task for task, state in at_start.items() if state == "deferred")
                 all_deferred_s = time.monotonic() - started
+                if triggerer_cpu:  # the triggerer on a CPU of its own; everything else on the others
+                    cpus = sorted(os.sched_getaffinity(0))
+                    for name, proc in airflow.procs.items():
+                        pin(proc.pid, {cpus[-1]} if name == "triggerer" else set(cpus[:-1]))
+                    pin(double.proc.pid, set(cpus[:-1]))
                 sampler.start()
                 time.sleep(2.0)  # every trigger has its stream open on a held master
                 released = time.time()
@@ -265,6 +287,7 @@ def measure(jobs: int, rate: float, seconds: float, parallelism: int = 8, loop_s
         "rss_idle_mb": idle_mb,
         "rss_peak_mb": sampler.peak_mb,
         "flood_lines": flooded["lines"],
+        "triggerer_cpu": triggerer_cpu,
         **({"loop_long_steps": steps} if steps is not None else {}),
     }
 
@@ -276,9 +299,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--parallelism", type=int, default=8)
     parser.add_argument("--loop-stats", action="store_true", help="split the event loop's long steps' time")
+    parser.add_argument("--triggerer-cpu", action="store_true", help="the triggerer alone on one CPU")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still ends Airflow and the double
-    print(json.dumps(measure(args.jobs, args.rate, args.seconds, args.parallelism, args.loop_stats), indent=1))
+    got = measure(args.jobs, args.rate, args.seconds, args.parallelism, args.loop_stats, args.triggerer_cpu)
+    print(json.dumps(got, indent=1))
 
 
 if __name__ == "__main__":
