@@ -23,10 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from airflow_mpi.observe.output import MAX_RECORD_LINES
-from airflow_mpi.triggers.logfollow import MASTER_LOGGER, build_mark
 
 HOLD = 0.25  # seconds a line may wait for the next ones (the live log's 2 s allows it)
 
@@ -35,9 +32,12 @@ class MasterRecords:
     """The master's lines as records of the task try's log (structlog: its fields reach the
     log file; stdlib logging's ``extra`` does not, in Airflow 3's triggerer)."""
 
-    def __init__(self, lines_read: Callable[[], int], wrote: Callable[[float], None], hold: float = HOLD) -> None:
+    def __init__(self, lines_read: Callable[[], int], hold: float = HOLD) -> None:
+        import structlog
+
+        from airflow_mpi.triggers.logfollow import MASTER_LOGGER
+
         self.lines_read = lines_read
-        self.wrote = wrote  # how long a write waited off the CPU (``LogBudget.wrote``)
         self.hold = hold
         self.logger = structlog.get_logger(logger_name=MASTER_LOGGER)
         self._held: list[str] = []
@@ -70,8 +70,16 @@ class MasterRecords:
             self._timed(self.logger.info, text, self._mark)
 
     def _timed(self, call: Callable[..., Any], text: str, mark: int) -> None:
-        """Write, telling ``wrote`` how long the write waited (its time off the CPU: a large
-        record's own work is no sign of a channel that is behind)."""
+        """Write, telling the log budget how long the write waited (its time off the CPU: a
+        large record's own work is no sign of a channel that is behind)."""
+        from airflow_mpi.triggers.logfollow import budget_for_loop
+
         started, cpu = time.monotonic(), time.thread_time()
-        call(text, logger=build_mark(mark))
-        self.wrote((time.monotonic() - started) - (time.thread_time() - cpu))
+        call(text, logger=_mark(mark))
+        budget_for_loop().wrote((time.monotonic() - started) - (time.thread_time() - cpu))
+
+
+def _mark(lines: int) -> Any:
+    from airflow_mpi.triggers.logfollow import build_mark
+
+    return build_mark(lines)

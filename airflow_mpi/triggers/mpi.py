@@ -55,9 +55,8 @@ from airflow_mpi.observe.queueing import QueueClock
 from airflow_mpi.observe.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.spec import Role
-from airflow_mpi.triggers.api_client import raise_for_status, shared_api_client
+from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client
 from airflow_mpi.triggers.kind_reads import KindReads
-from airflow_mpi.triggers.logfollow import MasterLogFollower, budget_for_loop, lines_in_try_log
 from airflow_mpi.triggers.logwriter import MasterRecords
 
 WATCH_SECONDS = 60
@@ -227,9 +226,10 @@ class MPIJobTrigger(BaseTrigger):
         return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        async with shared_api_client(self.kubernetes_conn_id) as api_client:
-            from kubernetes_asyncio.client import CoreV1Api  # imported by now, off the loop
+        await import_client()  # in a thread, not on the loop the other triggers share
+        from kubernetes_asyncio.client import CoreV1Api
 
+        async with shared_api_client(self.kubernetes_conn_id) as api_client:
             if self.master_log is not None and self.wait_for == WAIT_FINISHED:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
@@ -244,11 +244,12 @@ class MPIJobTrigger(BaseTrigger):
         """The pod watch and the master's log follow side by side. The job's end fires once the
         log has ended too (every line shown first, within ``DRAIN_TIMEOUT``); a failing world-size
         check fires at once; any other outcome (a worker failed, the deadline) fires at once."""
+        from airflow_mpi.triggers.logfollow import MasterLogFollower, budget_for_loop, lines_in_try_log
+
         assert self.master_log is not None
         view = OutputPlan.from_dict(self.master_log)
         shown = await asyncio.to_thread(lines_in_try_log, getattr(self, "task_instance", None))
-        budget = budget_for_loop()
-        records = self._records = MasterRecords(lambda: output.lines_read, budget.wrote)
+        records = self._records = MasterRecords(lambda: output.lines_read)
         output = MasterOutput(view, records.info, records.warning, skip_lines=max(self.skip_lines, shown))
         if shown > self.skip_lines:
             self.log.info(
@@ -262,7 +263,7 @@ class MPIJobTrigger(BaseTrigger):
             view.master,
             output,
             self._master_ended,
-            budget=budget.for_job(),
+            budget=budget_for_loop().for_job(),
             log=self.log,
             pod=self._master_pod_now,
         )
@@ -447,9 +448,10 @@ class MPIJobTrigger(BaseTrigger):
         """The user killed the task while it was deferred: delete the job (Airflow 3.3+)."""
         if self._fired:
             return
-        async with shared_api_client(self.kubernetes_conn_id) as api_client:
-            from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
+        await import_client()
+        from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 
+        async with shared_api_client(self.kubernetes_conn_id) as api_client:
             for group, version, plural in self.custom_objects:
                 with contextlib.suppress(Exception):
                     await CustomObjectsApi(api_client).delete_namespaced_custom_object(

@@ -26,9 +26,14 @@ LONG_STEP = 0.1
 TICK = 0.1
 
 
-def _schedstat(native_id: int | None = None) -> tuple[int, int]:
-    """A thread's (this one's) nanoseconds on a CPU and waiting for one."""
-    with open(f"/proc/self/task/{native_id or threading.get_native_id()}/schedstat") as handle:
+def _thread_schedstat(native_id: int) -> tuple[int, int]:
+    with open(f"/proc/self/task/{native_id}/schedstat") as handle:
+        on_cpu, waiting, _ = handle.read().split()
+    return int(on_cpu), int(waiting)
+
+
+def _schedstat() -> tuple[int, int]:
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as handle:
         on_cpu, waiting, _ = handle.read().split()
     return int(on_cpu), int(waiting)
 
@@ -47,7 +52,7 @@ def _sample(path: str) -> None:
     while True:
         time.sleep(0.02)
         if _Step.native is not None and time.monotonic() - last_tick >= TICK:
-            now, stat = time.monotonic(), _schedstat(_Step.native)
+            now, stat = time.monotonic(), _thread_schedstat(_Step.native)
             if last_stat is not None:
                 row = {
                     "tick": True,

@@ -30,7 +30,7 @@ def test_lines_within_the_hold_are_one_record_marked_through_the_last() -> None:
 
     async def trigger(trigger_id: int) -> None:
         bind_contextvars(trigger_id=trigger_id)  # as Airflow's runner binds a trigger's ids
-        records = MasterRecords(lambda: reader.lines, lambda seconds: None)
+        records = MasterRecords(lambda: reader.lines)
         for i in range(5):
             records.info(reader.read(f"[1,0]<stdout>:line {i}"))
             await asyncio.sleep(0.01)
@@ -47,7 +47,7 @@ def test_a_warning_goes_out_at_once_after_the_lines_held_before_it() -> None:
     reader = Reader()
 
     async def trigger() -> None:
-        records = MasterRecords(lambda: reader.lines, lambda seconds: None)
+        records = MasterRecords(lambda: reader.lines)
         records.info(reader.read("[1,0]<stdout>:AIRFLOW_MPI_RESULT nope"))
         records.warning("airflow-mpi: WARNING: the result line is not JSON")
         records.info(reader.read("[1,0]<stdout>:after"))
@@ -67,7 +67,7 @@ def test_a_flood_is_written_as_soon_as_a_record_is_full() -> None:
     batch = "\n".join(f"[1,0]<stdout>:{i}" for i in range(MAX_RECORD_LINES))
 
     async def trigger() -> list[int]:
-        records = MasterRecords(lambda: reader.lines, lambda seconds: None)
+        records = MasterRecords(lambda: reader.lines)
         with capture_logs() as logs:
             records.info(reader.read(batch))
             written_at_once = len(logs)
@@ -79,7 +79,7 @@ def test_a_flood_is_written_as_soon_as_a_record_is_full() -> None:
 
 def test_nothing_held_writes_nothing() -> None:
     async def trigger() -> None:
-        MasterRecords(lambda: 0, lambda seconds: None).flush()
+        MasterRecords(lambda: 0).flush()
 
     with capture_logs() as logs:
         asyncio.run(trigger())
