@@ -78,9 +78,14 @@ def open_task(ui: Airflow, browser: Any, dag_id: str, run_id: str, task_id: str)
     browser.get(f"{ui.api}/dags/{dag_id}/runs/{quote(run_id)}/tasks/{task_id}")
 
 
-def log_text(ui: Airflow, dag_id: str, run_id: str, task_id: str) -> str:
+def log_records(ui: Airflow, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+    """The first try's log as Airflow's API serves it: one record per event, with its fields."""
     path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/logs/1?full_content=true"
-    return "\n".join(str(event.get("event", "")) for event in ui.get(path)["content"])
+    return list(ui.get(path)["content"])
+
+
+def log_text(ui: Airflow, dag_id: str, run_id: str, task_id: str) -> str:
+    return "\n".join(str(event.get("event", "")) for event in log_records(ui, dag_id, run_id, task_id))
 
 
 def test_a_run_triggered_from_the_ui_shows_the_ranks_live_and_every_line_once_after(ui: Airflow, browser: Any) -> None:
@@ -121,7 +126,8 @@ def slow_master(scripts: Scripts) -> Iterator[None]:
             yield f"[1,0]<stdout>:line {i:03d}"
         yield "[1,0]<stdout>:AIRFLOW_MPI_RESULT " + json.dumps({"lines": DEFERRED_LINES})
 
-    scripts.on("uidefer", PodScript(lines=lines, exit_code=0))
+    # The master only: its worker runs sshd until deleted (a worker that ends fails the job).
+    scripts.on("-master-", PodScript(lines=lines, exit_code=0))
     yield
     scripts.rules.clear()
 
@@ -135,7 +141,9 @@ def test_a_deferred_task_shows_its_lines_while_deferred_and_each_once_after(ui: 
     until("the master's lines while deferred", lambda: "<stdout>:line 0" in page_text(browser), 120, ui, browser)
     assert task_state(ui, dag_id, run_id, "train") == "deferred"
     shot(browser, "03-deferred-log")
-    until("the deferred task to succeed", lambda: task_state(ui, dag_id, run_id, "train") == "success", 240, ui)
+    until("the deferred task to end", lambda: task_state(ui, dag_id, run_id, "train") in ("success", "failed"), 240, ui)
+    ended = log_records(ui, dag_id, run_id, "train")
+    assert task_state(ui, dag_id, run_id, "train") == "success", "\n".join(json.dumps(r) for r in ended[-12:])
     text = log_text(ui, dag_id, run_id, "train")
     assert re.findall(r"<stdout>:line (\d{3})", text) == [f"{i:03d}" for i in range(DEFERRED_LINES)]  # once, in order
     assert text.count("AIRFLOW_MPI_RESULT") == 1
