@@ -35,7 +35,7 @@ from airflow_mpi.triggers.api_client import raise_for_status
 CHUNK_BYTES = 64 * 1024  # the most one read hands the line handling at once
 IDLE_TICK = 0.25  # seconds between checks (held progress states, ranks' start) when nothing arrives
 LOG_READ_TIMEOUT = 60.0  # a stream silent this long is reopened from the cursor
-JOB_BYTES_PER_S = 512 * 1024  # one job's share of the task-log writes (~5k lines/s of 100 bytes)
+JOB_BYTES_PER_S = 64 * 1024  # one job's share of the task-log writes (~650 lines/s of 100 bytes)
 PROCESS_BYTES_PER_S = 4 * 1024 * 1024  # every job of one triggerer together
 BURST_S = 1.0  # seconds of rate a quiet job may spend at once
 # The log channel's own pace: a record write that waits this long off the CPU means Airflow's
