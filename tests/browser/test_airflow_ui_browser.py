@@ -84,8 +84,16 @@ def log_records(ui: Airflow, dag_id: str, run_id: str, task_id: str) -> list[dic
     return list(ui.get(path)["content"])
 
 
+def _ended(state: str | None) -> str | None:
+    return state if state in ("success", "failed") else None
+
+
+def records_text(records: list[dict[str, Any]]) -> str:
+    return "\n".join(str(record.get("event", "")) for record in records)
+
+
 def log_text(ui: Airflow, dag_id: str, run_id: str, task_id: str) -> str:
-    return "\n".join(str(event.get("event", "")) for event in log_records(ui, dag_id, run_id, task_id))
+    return records_text(log_records(ui, dag_id, run_id, task_id))
 
 
 def test_a_run_triggered_from_the_ui_shows_the_ranks_live_and_every_line_once_after(ui: Airflow, browser: Any) -> None:
@@ -141,10 +149,10 @@ def test_a_deferred_task_shows_its_lines_while_deferred_and_each_once_after(ui: 
     until("the master's lines while deferred", lambda: "<stdout>:line 0" in page_text(browser), 120, ui, browser)
     assert task_state(ui, dag_id, run_id, "train") == "deferred"
     shot(browser, "03-deferred-log")
-    until("the deferred task to end", lambda: task_state(ui, dag_id, run_id, "train") in ("success", "failed"), 240, ui)
-    ended = log_records(ui, dag_id, run_id, "train")
-    assert task_state(ui, dag_id, run_id, "train") == "success", "\n".join(json.dumps(r) for r in ended[-12:])
-    text = log_text(ui, dag_id, run_id, "train")
+    state = until("the deferred task to end", lambda: _ended(task_state(ui, dag_id, run_id, "train")), 240, ui)
+    records = log_records(ui, dag_id, run_id, "train")
+    assert state == "success", "\n".join(json.dumps(r) for r in records[-12:])
+    text = records_text(records)
     assert re.findall(r"<stdout>:line (\d{3})", text) == [f"{i:03d}" for i in range(DEFERRED_LINES)]  # once, in order
     assert text.count("AIRFLOW_MPI_RESULT") == 1
 
