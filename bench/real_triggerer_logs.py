@@ -7,10 +7,16 @@ second, each ending with its own clock; for ``seconds`` the triggerer follows th
 Measured from what Airflow itself wrote: each line's delay from its clock to its record in the
 task try's trigger log file (``*.log.trigger.<id>.log``, the file the UI and the REST API read),
 lines out of order / twice / missing per task, the triggerer's own warnings "Triggerer's async
-thread was blocked" (its watchdog, ``[triggerer] blocked_main_thread_warning_threshold``), and
-the peak RSS of the triggerer (its supervisor and its trigger runner process together).
+thread was blocked" (its watchdog, ``[triggerer] blocked_main_thread_warning_threshold``), the
+peak RSS of the triggerer (its supervisor and its trigger runner process together), and where the
+machine's CPUs went over the window (``/proc``: each Airflow process, the trigger runner apart
+from its supervisor, the API double).
 
-    .venv/bin/python bench/real_triggerer_logs.py [--jobs 100] [--rate 20] [--seconds 20] [--loop-stats]
+    .venv/bin/python bench/real_triggerer_logs.py [--jobs 100] [--rate 20] [--seconds 20] \
+        [--loop-stats] [--triggerer-cpu]
+
+``--triggerer-cpu`` puts the triggerer (supervisor and runner) on a CPU of its own and every other
+process on the rest, as a deployment runs it (its own pod; the API server elsewhere).
 
 ``--loop-stats`` times every step of the triggerer's event loop (``bench/loopstat``) and splits
 the long ones' time into on a CPU, waiting for a CPU, and blocked in a system call: whether a
@@ -121,13 +127,54 @@ class RssSampler(threading.Thread):
         return total / 1024
 
 
-def read_trigger_logs(home: Path, steady_after_ns: int) -> dict[str, dict[str, Any]]:
-    """Per task: the lines its trigger log files hold (in order), their delays."""
+class FileTailer(threading.Thread):
+    """When each byte of the trigger log files reached the disk: every ``POLL`` seconds, the size
+    of each file (the record's own time is the runner's, taken before its write to the supervisor;
+    this is when the UI and the REST API can read it)."""
+
+    POLL = 0.1
+
+    def __init__(self, logs: Path) -> None:
+        super().__init__(daemon=True)
+        self.logs, self.stop = logs, threading.Event()
+        self.sizes: dict[Path, list[tuple[int, float]]] = {}  # per file: (size, first seen at)
+
+    def run(self) -> None:
+        files: list[Path] = []
+        polls = 0
+        while not self.stop.wait(self.POLL):
+            if polls % 10 == 0:  # new files (a trigger's first record) once a second
+                files = sorted(self.logs.rglob("*.trigger.*.log"))
+            polls += 1
+            now = time.time()
+            for path in files:
+                try:
+                    size = path.stat().st_size
+                except OSError:
+                    continue
+                seen = self.sizes.setdefault(path, [])
+                if not seen or size > seen[-1][0]:
+                    seen.append((size, now))
+
+    def arrival(self, path: Path, end: int) -> float | None:
+        """When the file first held ``end`` bytes (None: not seen while polling)."""
+        for size, at in self.sizes.get(path, []):
+            if size >= end:
+                return at
+        return None
+
+
+def read_trigger_logs(home: Path, steady_after_ns: int, tailer: FileTailer | None = None) -> dict[str, dict[str, Any]]:
+    """Per task: the lines its trigger log files hold (in order), their delays to their
+    record's time and (``tailer``) to the file."""
     found: dict[str, dict[str, Any]] = {}
     for path in sorted((home / "logs").rglob("*.trigger.*.log")):
         task = re.search(r"task_id=([^/]+)", str(path))[1]  # type: ignore[index]
-        job = found.setdefault(task, {"lines": 0, "next": 0, "disorder": 0, "delays": [], "start_max": 0.0})
-        for raw in path.read_text(errors="replace").splitlines():
+        empty = {"lines": 0, "next": 0, "disorder": 0, "delays": [], "to_file": [], "start_max": 0.0}
+        job = found.setdefault(task, empty)
+        end = 0
+        for raw in path.read_bytes().splitlines(keepends=True):
+            end += len(raw)
             try:
                 record = json.loads(raw)
             except ValueError:
@@ -136,6 +183,7 @@ def read_trigger_logs(home: Path, steady_after_ns: int) -> dict[str, dict[str, A
             if not stamp:
                 continue
             at = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+            arrived = tailer.arrival(path, end) if tailer is not None else None
             for line in str(record.get("event", "")).split("\n"):
                 hit = LINE.search(line)
                 if not hit:
@@ -147,6 +195,8 @@ def read_trigger_logs(home: Path, steady_after_ns: int) -> dict[str, dict[str, A
                 delay = at - printed / 1e9
                 if printed >= steady_after_ns:
                     job["delays"].append(delay)
+                    if arrived is not None:
+                        job["to_file"].append(arrived - printed / 1e9)
                 else:
                     job["start_max"] = max(job["start_max"], delay)
     return found
@@ -205,6 +255,52 @@ def long_steps(path: Path, released: float, warnings: list[tuple[float, float]])
     }
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) of these processes (each its own, not its children's), in seconds."""
+    total = 0
+    for process in pids:
+        try:
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> dict[str, float]:
+    """The machine's CPU time so far by kind (``/proc/stat``), in seconds."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    busy = user + nice + system + irq + softirq
+    return {"busy": busy / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
+
+
+class CpuWindow:
+    """Where the machine's CPUs went over a window: each of Airflow's processes with its children
+    (the executor's workers), the triggerer's supervisor and its trigger runner apart, the API
+    double, and the rest of the machine."""
+
+    def __init__(self, procs: dict[str, int]) -> None:
+        self.procs = {name: [pid, *descendants(pid)] for name, pid in procs.items() if name != "triggerer"}
+        if "triggerer" in procs:
+            self.procs["triggerer_supervisor"] = [procs["triggerer"]]
+            self.procs["trigger_runner"] = descendants(procs["triggerer"])
+        self.start = {name: cpu_seconds(pids) for name, pids in self.procs.items()}
+        self.machine, self.at = machine_cpu(), time.monotonic()
+
+    def end(self) -> dict[str, float]:
+        seconds = time.monotonic() - self.at
+        used = {name: (cpu_seconds(pids) - self.start[name]) / seconds for name, pids in self.procs.items()}
+        machine = {key: (value - self.machine[key]) / seconds for key, value in machine_cpu().items()}
+        used["other"] = machine["busy"] - sum(used.values())
+        return {
+            **{f"{name}_cpus": round(value, 3) for name, value in used.items()},
+            "machine_busy_cpus": round(machine["busy"], 3),
+            "steal_cpus": round(machine["steal"], 3),
+        }
+
+
 def pin(pid: int, cpus: set[int]) -> None:
     """Every thread of ``pid`` and of its descendants onto ``cpus``."""
     for process in (pid, *descendants(pid)):
@@ -255,12 +351,19 @@ def measure(
                         pin(proc.pid, {cpus[-1]} if name == "triggerer" else set(cpus[:-1]))
                     pin(double.proc.pid, set(cpus[:-1]))
                 sampler.start()
+                tailer = FileTailer(home / "logs")
+                tailer.start()
                 time.sleep(2.0)  # every trigger has its stream open on a held master
                 released = time.time()
                 double.call("/_double/knobs", {"hold_masters": False})
-                time.sleep(seconds + WARMUP)
+                time.sleep(WARMUP)
+                window = CpuWindow({**{n: p.pid for n, p in airflow.procs.items()}, "api_double": double.proc.pid})
+                time.sleep(seconds)
+                cpu_use = window.end()
                 sampler.stop.set()
-                per_task = read_trigger_logs(home, int((released + WARMUP) * 1e9))
+                tailer.stop.set()
+                tailer.join()
+                per_task = read_trigger_logs(home, int((released + WARMUP) * 1e9), tailer)
                 warned = blocked_warnings(airflow, released)
                 final_states = task_states(home)
                 steps = long_steps(steps_file, released, warned["when"]) if loop_stats else None
@@ -280,6 +383,7 @@ def measure(
         "steady_jobs_seen": len(steady),
         "steady_lines_min": min((d["lines"] for d in steady), default=0),
         "delay_max_s": max((max(d["delays"], default=0.0) for d in steady), default=0.0),
+        "delay_to_file_max_s": max((max(d["to_file"], default=0.0) for d in steady), default=0.0),
         "delay_starting_max_s": max((d["start_max"] for d in steady), default=0.0),
         "disorder": sum(d["disorder"] for d in per_task.values()),
         "blocked_warnings_steady": warned["steady"],
@@ -288,6 +392,7 @@ def measure(
         "rss_peak_mb": sampler.peak_mb,
         "flood_lines": flooded["lines"],
         "triggerer_cpu": triggerer_cpu,
+        "cpu_use_steady": cpu_use,
         **({"loop_long_steps": steps} if steps is not None else {}),
     }
 
