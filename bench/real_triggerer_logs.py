@@ -268,12 +268,11 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def machine_cpu() -> dict[str, float]:
-    """The machine's CPU time so far by kind (``/proc/stat``), in seconds."""
+    """The machine's CPU time so far, busy and stolen by the hypervisor (``/proc/stat``), in seconds."""
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     tick = os.sysconf("SC_CLK_TCK")
-    user, nice, system, idle, iowait, irq, softirq, steal = fields
-    busy = user + nice + system + irq + softirq
-    return {"busy": busy / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return {"busy": (user + nice + system + irq + softirq) / tick, "steal": steal / tick}
 
 
 class CpuWindow:
@@ -377,6 +376,7 @@ def measure(
         "jobs": jobs,
         "rate": rate,
         "seconds": seconds,
+        "released_s": WARMUP + seconds,  # from the masters' release to the logs' read
         "all_deferred_s": all_deferred_s,
         "failed_before_following": sorted(task for task in names if task not in following),
         "states_at_end": {state: list(final_states.values()).count(state) for state in set(final_states.values())},

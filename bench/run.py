@@ -436,7 +436,7 @@ def real_triggerer_figures(prefix: str, got: dict[str, Any], jobs: int, waiting_
             "tasks",
         ),
         figure(f"{prefix}: submit -> every task deferred", got["all_deferred_s"], "s"),
-        figure(f"{prefix}: flood job's lines shown in {got['seconds']:.0f} s", got["flood_lines"], "lines"),
+        figure(f"{prefix}: flood job's lines shown in {got['released_s']:.0f} s", got["flood_lines"], "lines"),
     ]
     cpus = got["cpu_use_steady"]  # CPUs busy over the steady window, by process
     figures += [
