@@ -34,6 +34,8 @@ JOB_HASH_LEN = 8
 # Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around:
 # activeDeadlineSeconds = startup_timeout + timeout + this grace.
 DEADLINE_GRACE_SECONDS = 60
+# terminationGracePeriodSeconds of every pod: SIGTERM, then SIGKILL this long after a delete.
+POD_TERMINATION_GRACE_SECONDS = 10
 
 # --- platform environment: written into every pod, never by the user ------------------------
 # (docs/contract.md#platform-variables)

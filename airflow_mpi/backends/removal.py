@@ -14,7 +14,8 @@ import time
 
 from airflow_mpi.backends.core_objects import CoreObjects
 from airflow_mpi.backends.custom_objects import CustomObjects
-from airflow_mpi.backends.pod_watch import WatchedJob
+from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
+from airflow_mpi.contract import POD_TERMINATION_GRACE_SECONDS
 from airflow_mpi.exceptions import BackendError
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
@@ -23,6 +24,8 @@ from airflow_mpi.spec import Gang
 
 _log = logging.getLogger(__name__)
 TEARDOWN_WAIT = 60.0  # for the pods to go once the API has accepted the delete
+# After deleting the pods ourselves: the kubelet has their grace period to stop them, then a margin.
+DIRECT_DELETE_WAIT = POD_TERMINATION_GRACE_SECONDS + 10.0
 GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the owner Service is gone
 
 
@@ -64,12 +67,7 @@ class JobRemoval:
                 if failed is not None:
                     raise failed
                 return
-            watcher = job.watcher
-            deadline = time.monotonic() + TEARDOWN_WAIT
-            with watcher.cond:
-                while watcher.table.pods and time.monotonic() < deadline and watcher.alive:
-                    watcher.cond.wait(0.5)
-                left = list(watcher.table.pods) if watcher.alive else None
+            left = _pods_left_after(job.watcher, TEARDOWN_WAIT)
             if left is None:  # no watch to tell: ask; if the API will not say, the collector has them
                 with contextlib.suppress(BackendError):
                     pods = self.objects.list(namespace, "pods", job_selector(job_name), since)
@@ -77,6 +75,10 @@ class JobRemoval:
             job.final_pods = left or []
             if job.final_pods:
                 failed = self._delete_without_collector(namespace, job_name, job.final_pods, since) or failed
+                # the kubelet stops them within their grace period: wait for that, not less
+                left = _pods_left_after(job.watcher, DIRECT_DELETE_WAIT)
+                if left is not None:
+                    job.final_pods = left
             if failed is not None:
                 raise failed
         finally:
@@ -136,3 +138,13 @@ class JobRemoval:
             if self.objects.get(namespace, plural, name) is not None:
                 found.append(f"{plural[:-1]} {name}")
         return sorted(set(found))
+
+
+def _pods_left_after(watcher: PodWatcher, timeout: float) -> list[str] | None:
+    """The job's pods the watch still sees after waiting up to ``timeout`` for them to go; None
+    when the watch has ended (it can no longer tell)."""
+    deadline = time.monotonic() + timeout
+    with watcher.cond:
+        while watcher.table.pods and time.monotonic() < deadline and watcher.alive:
+            watcher.cond.wait(0.5)
+        return list(watcher.table.pods) if watcher.alive else None

@@ -9,7 +9,7 @@ import base64
 from typing import Any
 
 from airflow_mpi import contract
-from airflow_mpi.contract import DEADLINE_GRACE_SECONDS
+from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, POD_TERMINATION_GRACE_SECONDS
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import LABEL_JOB, LABEL_PREFIX
 from airflow_mpi.job.plan import JobPlan, PodPlan
@@ -210,7 +210,7 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest | No
         "subdomain": plan.job_name,
         "restartPolicy": "Never",
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 10,
+        "terminationGracePeriodSeconds": POD_TERMINATION_GRACE_SECONDS,
         "activeDeadlineSeconds": spec.startup_timeout + spec.timeout + DEADLINE_GRACE_SECONDS,
         "containers": [container],
         "volumes": volumes,
