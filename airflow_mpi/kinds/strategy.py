@@ -14,7 +14,7 @@ are given a kind by name and call these very functions on what they read, so bot
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from airflow_mpi.job.naming import RunIdentity, build_pod_name, job_selector
@@ -209,18 +209,7 @@ class VolcanoKind(JobKind):
 
     def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
         """Without the pods Volcano's policy deleted once one pod ended by itself."""
-        return without_policy_kills(states)
-
-    def listed_states(self, pods: list[Obj]) -> list[PodState]:
-        """A listed pod being deleted counts as deleted (a watch sees it gone a moment later)."""
-        states = [pod_state_from_k8s(pod) for pod in pods]
-        return self.observe(
-            [
-                replace(state, reason="Deleted") if pod["metadata"].get("deletionTimestamp") else state
-                for pod, state in zip(pods, states, strict=True)
-            ],
-            set(),
-        )
+        return without_policy_kills(states, deleting)
 
     def reads_top_to_queue(self, pods: list[Obj]) -> bool:
         return not pods

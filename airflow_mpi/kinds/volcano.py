@@ -16,6 +16,7 @@ per-pod Secret items.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import LABEL_INDEX
@@ -163,13 +164,19 @@ def _template(plan: JobPlan, first: PodPlan, namespace: str) -> Manifest:
     return {"metadata": {"labels": labels, "annotations": dict(metadata["annotations"])}, "spec": pod_spec}
 
 
-def without_policy_kills(states: list[PodState]) -> list[PodState]:
+def without_policy_kills(states: list[PodState], deleting: Collection[str] = ()) -> list[PodState]:
     """Pod states with the pods the job's own policy deleted left out: once one pod ended by
     itself (the master's success, a rank's failure), Volcano deletes the running rest, and those
-    are not what decided the job."""
-    if not any(state.ended and state.reason != "Deleted" for state in states):
+    are not what decided the job. A deleted pod is one gone (reason ``Deleted``) or one the API is
+    deleting (``deleting``): a pod the policy killed shows its kill's exit code (137) until it is
+    gone, and must not be named as the cause."""
+
+    def deleted(state: PodState) -> bool:
+        return state.reason == "Deleted" or state.name in deleting
+
+    if not any(state.ended and not deleted(state) for state in states):
         return states
-    return [state for state in states if state.reason != "Deleted"]
+    return [state for state in states if not deleted(state)]
 
 
 def describe_volcano_wait(job: Manifest | None) -> str | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_mpi.job.naming import LABEL_ROLE
 from airflow_mpi.kinds.gang import describe_group_wait
+from airflow_mpi.kinds.strategy import job_kind
 from airflow_mpi.kinds.volcano import describe_volcano_wait, without_policy_kills
-from airflow_mpi.observe.status import PodPhase, PodState
+from airflow_mpi.observe.status import PodPhase, PodState, evaluate_job
 from airflow_mpi.spec import Role
 
 
@@ -65,6 +67,32 @@ def test_pods_a_policy_deleted_after_a_pod_ended_are_left_out() -> None:
     assert without_policy_kills([master_killed, worker_failed]) == [worker_failed]
     # Nothing ended by itself: a deleted pod is the cause (e.g. an eviction by deletion).
     assert without_policy_kills([killed, state("m", Role.MASTER, PodPhase.RUNNING)])[0] is killed
+
+
+def test_a_pod_the_policy_is_still_deleting_is_not_named_as_the_cause() -> None:
+    """A rank's failure ends the master (exit 3); the policy then deletes the workers, and until
+    a worker is gone it shows the kill's 137: the master's failure decides, on the watch's path
+    (``deleting``) as on the listed one."""
+    master_failed = PodState("m", Role.MASTER, PodPhase.FAILED, exit_code=3, reason="Error")
+    killed = PodState("w1", Role.WORKER, PodPhase.FAILED, exit_code=137, reason="Error")
+    assert without_policy_kills([master_failed, killed], {"w1"}) == [master_failed]
+    assert evaluate_job(without_policy_kills([killed, master_failed], {"w1"})).failed_pod == "m"
+    # Not being deleted, the worker that ended is the cause, as before.
+    assert evaluate_job(without_policy_kills([killed, master_failed])).failed_pod == "w1"
+
+
+def test_volcano_listed_pods_being_deleted_count_as_deleted() -> None:
+    def listed(name: str, role: Role, code: int, deleting: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "labels": {LABEL_ROLE: role.value}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-12-02T15:00:00Z"
+        terminated = {"terminated": {"exitCode": code, "reason": "Error"}}
+        return {"metadata": meta, "status": {"phase": "Failed", "containerStatuses": [{"state": terminated}]}}
+
+    states = job_kind("volcano").listed_states(
+        [listed("m", Role.MASTER, 3, False), listed("w1", Role.WORKER, 137, True)]
+    )
+    assert [state.name for state in states] == ["m"]
 
 
 class FakeQueue:
