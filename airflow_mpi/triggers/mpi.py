@@ -411,16 +411,16 @@ class MPIJobTrigger(BaseTrigger):
 
     def _vanished(self, table: PodTable) -> Outcome | None:
         """After a list: every pod waited for was created before the deferral, so one that is not
-        there was deleted; none there at all means the job, or its namespace, is gone."""
+        there was deleted; none there at all means the job, or its namespace, is gone. Not so for
+        a kind with a controller: it creates the pods, some of them after the deferral (a batch
+        Job's launcher pod comes a moment after the workers), so one not there yet is pending, and
+        the startup bound and the deadline in ``decide`` bound that wait."""
+        if self.kind.top is not None:
+            return None
         pods = list(table.pods.values())
-        if (self.kind.top is not None or self.gang) and (
-            not pods or self.kind.queue_check(self.gang, self.queue, pods, self.beyond_pods.top).reason
-        ):
+        if self.gang and (not pods or self.kind.queue_check(self.gang, self.queue, pods, self.beyond_pods.top).reason):
             return None  # a queued job's pods may not exist yet: ``decide`` bounds that wait
-        # A pod a controller generated for an expected name (a launcher Job's) is that pod.
-        missing = [
-            name for name, role in self.roles.items() if name not in table.pods and not table.generated(name, role)
-        ]
+        missing = [name for name in self.roles if name not in table.pods]
         if missing and len(missing) == len(self.roles):
             return {
                 "status": STATUS_ERROR,

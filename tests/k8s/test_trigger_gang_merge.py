@@ -7,7 +7,7 @@ import time
 
 from airflow_mpi.events import STATUS_ERROR, STATUS_TIMEOUT
 from tests.k8s.test_gang import _waiting_pod
-from tests.k8s.test_trigger import table, trigger
+from tests.k8s.test_trigger import pod, table, trigger
 
 QUEUED = (_waiting_pod("job-1-master-0", "master"), _waiting_pod("job-1-worker-0", "worker"))
 
@@ -51,3 +51,24 @@ def test_serialized_kwargs_carry_kind_gang_queue_custom_objects_and_api_timeout(
         "custom_objects": kinds,
         "api_timeout": 7.0,
     }
+
+
+def test_a_controller_pod_not_there_yet_at_the_first_list_is_pending_not_deleted() -> None:
+    """The task defers right after submitting an MPIJob or a Volcano Job: the first list may show
+    the workers before the controller (a batch Job, for the launcher) made the master. That pod is
+    still to come, not a deleted one that fails the job (it fired "the pod was deleted" 2 s after
+    the deferral, and the resumed task waited for the job itself)."""
+    workers = (
+        pod("job-1-worker-0", "worker", ready=True),
+        pod("job-1-worker-1", "worker", ready=True),
+    )
+    for kind, master in (("mpijob", "job-1-launcher"), ("volcano", "job-1-master-0")):
+        made = trigger(kind=kind, wait_for="finished", master_pod=master)
+        listed = table(*workers)
+        assert made._vanished(listed) is None
+        assert master not in listed.deleted
+        assert made.decide(listed) is None, kind  # the master is pending: keep waiting
+    plain = trigger(wait_for="finished")
+    listed = table(*workers)
+    assert plain._vanished(listed) is None
+    assert (plain.decide(listed) or {}).get("pod") == "job-1-master-0"  # the pods kind made it: deleted
