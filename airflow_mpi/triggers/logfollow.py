@@ -38,9 +38,9 @@ LOG_READ_TIMEOUT = 60.0  # a stream silent this long is reopened from the cursor
 JOB_BYTES_PER_S = 64 * 1024  # one job's share of the task-log writes (~650 lines/s of 100 bytes)
 PROCESS_BYTES_PER_S = 4 * 1024 * 1024  # every job of one triggerer together
 BURST_S = 1.0  # seconds of rate a quiet job may spend at once
-# The log channel's own pace: a record write that waits this long off the CPU means Airflow's
-# triggerer supervisor is behind; each job's rate then halves (not below the floor) and grows back by a
-# quarter a second while writes are quick again.
+# The log channel's own pace: a record that waits this long for the log socket (``logchannel``)
+# means Airflow's triggerer supervisor is behind; each job's rate then halves (not below the
+# floor) and grows back by a quarter a second while records go out at once again.
 SLOW_WRITE_S = 0.05
 JOB_FLOOR_BYTES_PER_S = 16 * 1024
 RECOVERY_PER_S = 0.25
@@ -84,7 +84,7 @@ class LogBudget:
         return delay
 
     def wrote(self, seconds: float, now: float | None = None) -> None:
-        """A record took ``seconds`` to write: past ``SLOW_WRITE_S`` the channel is behind."""
+        """A record waited ``seconds`` for the log socket: past ``SLOW_WRITE_S`` the channel is behind."""
         if seconds >= SLOW_WRITE_S:
             now = time.monotonic() if now is None else now
             self.job_rate = max(JOB_FLOOR_BYTES_PER_S, self._job_rate(now) / 2)

@@ -1,17 +1,16 @@
 """The master's lines into the task log from the trigger: few records, each soon.
 
-Airflow's trigger runner writes each log record to its supervisor over a socket, synchronously;
-the supervisor decodes it and writes it to the task try's log file. Both cost per record, and
-when the supervisor falls behind the runner's write blocks the event loop, with every trigger on
-it: measured with Airflow's own triggerer (``bench/real_triggerer_logs.py --loop-stats``), steps
-of 0.2-0.5 s spent in that write with 2 ms of CPU, 100 jobs printing 20 lines a second each, one
-record a line. A thread of its own for the writes did not help: every write hands the GIL back
-and forth with the busy loop, and the lines lagged 13 s.
+Airflow's trigger runner writes each log record to its supervisor over a socket; the supervisor
+decodes it and writes it to the task try's log file. Both cost per record. So a job's lines are
+held for at most ``HOLD`` seconds and written as one record: a job printing 20 lines a second
+makes 4 records a second, not 20. A warning goes out at once, after the lines before it.
 
-So a job's lines are held for at most ``HOLD`` seconds and written as one record: a job printing
-20 lines a second makes 4 records a second, not 20. A warning goes out at once, after the lines
-before it. A write that waits off the CPU tells the log budget the channel is behind
-(``LogBudget.wrote``): every job's rate halves, so a flood slows and the others keep their pace.
+The records go through the loop's ``LogChannel`` (``logchannel``): written when the socket has
+room, queued in one FIFO across jobs when the supervisor is behind, so a slow supervisor never
+blocks the event loop; a record that waited tells the log budget (``LogBudget.wrote``), every
+job's rate halves, and a flood slows while the others keep their pace. Before the trigger fires,
+its records are all written: the resumed task counts them as shown.
+
 Each record is marked with how far the master's log has been read through its last line
 (``logfollow.build_mark``), so a trigger started again goes on after what the log holds.
 """
@@ -19,11 +18,11 @@ Each record is marked with how far the master's log has been read through its la
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 from airflow_mpi.observe.output import MAX_RECORD_LINES
+from airflow_mpi.triggers.logchannel import LogChannel, channel_for_loop, record_bytes
 
 HOLD = 0.25  # seconds a line may wait for the next ones (the live log's 2 s allows it)
 
@@ -58,25 +57,37 @@ class MasterRecords:
     def warning(self, text: str) -> None:
         """At once, after the lines held before it."""
         self.flush()
-        self._timed(self.logger.warning, text, self.lines_read())
+        self._submit(self.logger.warning, text, self.lines_read())
 
     def flush(self) -> None:
-        """The held lines as one record, now (before the trigger fires, and on its timer)."""
+        """The held lines as one record, now (on its timer, at a warning, and at the end)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._held:
             text, self._held, self._held_lines = "\n".join(self._held), [], 0
-            self._timed(self.logger.info, text, self._mark)
+            self._submit(self.logger.info, text, self._mark)
 
-    def _timed(self, call: Callable[..., Any], text: str, mark: int) -> None:
-        """Write, telling the log budget how long the write waited (its time off the CPU: a
-        large record's own work is no sign of a channel that is behind)."""
+    async def written(self, timeout: float) -> None:
+        """Every line so far in the log: held ones sent, queued ones written (waiting for the
+        channel up to ``timeout``, then for the supervisor)."""
+        self.flush()
+        channel = self._channel()
+        if not await channel.drained(self, timeout):
+            channel.write_now(self)
+
+    def write_now(self) -> None:
+        """Every line so far in the log at once (the trigger is cancelled: no waiting on the loop)."""
+        self.flush()
+        self._channel().write_now(self)
+
+    def _submit(self, call: Callable[..., Any], text: str, mark: int) -> None:
+        self._channel().submit(self, record_bytes(text), lambda: call(text, logger=_mark(mark)))
+
+    def _channel(self) -> LogChannel:
         from airflow_mpi.triggers.logfollow import budget_for_loop
 
-        started, cpu = time.monotonic(), time.thread_time()
-        call(text, logger=_mark(mark))
-        budget_for_loop().wrote((time.monotonic() - started) - (time.thread_time() - cpu))
+        return channel_for_loop(budget_for_loop().wrote)
 
 
 def _mark(lines: int) -> Any:

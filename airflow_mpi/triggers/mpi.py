@@ -233,9 +233,11 @@ class MPIJobTrigger(BaseTrigger):
             if self.master_log is not None and self.wait_for == WAIT_FINISHED:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
-                finally:
                     if self._records is not None:  # the resumed task counts them shown: in the log first
-                        self._records.flush()
+                        await self._records.written(DRAIN_TIMEOUT)
+                finally:
+                    if self._records is not None:  # cancelled: what was read goes in before the trigger does
+                        self._records.write_now()
             else:
                 outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
