@@ -74,6 +74,7 @@ class LogChannel:
         self.queued_bytes = 0
         self.watching = False  # registered with the loop for the socket's room
         self.forced = 0  # records written past MAX_QUEUED_BYTES (waiting for the supervisor)
+        self._pending: dict[int, int] = {}  # id(owner) -> its records queued
         self._drained: dict[int, asyncio.Event] = {}  # id(owner) -> set once none of its is queued
 
     @classmethod
@@ -91,6 +92,7 @@ class LogChannel:
             return
         self.queue.append(_Record(owner, size, write))
         self.queued_bytes += size
+        self._pending[id(owner)] = self._pending.get(id(owner), 0) + 1
         self._drained.setdefault(id(owner), asyncio.Event()).clear()
         if self.queued_bytes > MAX_QUEUED_BYTES:
             self.forced += 1
@@ -112,14 +114,16 @@ class LogChannel:
     def write_now(self, owner: object) -> None:
         """Write ``owner``'s queued records at once, waiting for the supervisor if need be (the
         trigger ends: what it read must be in the log before it is gone)."""
-        mine = [record for record in self.queue if record.owner is owner]
-        if not mine:
+        if not self._pending.get(id(owner)):
             return
+        mine = [record for record in self.queue if record.owner is owner]
         self.queue = deque(record for record in self.queue if record.owner is not owner)
-        for record in mine:
-            self.queued_bytes -= record.size
-            record.write_out()
-        self._settle()
+        try:
+            for record in mine:
+                self._taken(record)
+                record.write_out()
+        finally:
+            self._settle()
 
     def _pump(self, *, woken: bool = False, force: bool = False) -> None:
         """Write queued records while they fit. ``woken``: the loop said the socket is writable
@@ -128,19 +132,28 @@ class LogChannel:
         for ever). ``force``: past the bound, write until within it, waiting for the supervisor."""
         now = time.monotonic()
         waited = 0.0
-        while self.queue:
-            record = self.queue[0]
-            must = woken or (force and self.queued_bytes > MAX_QUEUED_BYTES)
-            if not must and self._room() < record.size:
-                break
-            woken = False
-            self.queue.popleft()
-            self.queued_bytes -= record.size
-            waited = max(waited, now - record.queued_at)
-            record.write_out()
-        if waited:
-            self.on_waited(waited)
-        self._settle()
+        try:
+            while self.queue:
+                record = self.queue[0]
+                must = woken or (force and self.queued_bytes > MAX_QUEUED_BYTES)
+                if not must and self._room() < record.size:
+                    break
+                woken = False
+                self._taken(self.queue.popleft())
+                waited = max(waited, now - record.queued_at)
+                record.write_out()
+        finally:
+            if waited:
+                self.on_waited(waited)
+            self._settle()
+
+    def _taken(self, record: _Record) -> None:
+        """``record`` is out of the queue (written next)."""
+        self.queued_bytes -= record.size
+        key = id(record.owner)
+        self._pending[key] -= 1
+        if not self._pending[key]:
+            del self._pending[key]
 
     def _on_writable(self) -> None:
         self._pump(woken=True)
@@ -152,11 +165,8 @@ class LogChannel:
 
     def _settle(self) -> None:
         """Stop watching once nothing is queued; wake who waits for an owner's records."""
-        queued = {id(record.owner) for record in self.queue}
-        for key, event in list(self._drained.items()):
-            if key not in queued:
-                event.set()
-                del self._drained[key]
+        for key in [key for key in self._drained if key not in self._pending]:
+            self._drained.pop(key).set()
         if self.queue:
             self._watch()
         elif self.watching and self.fd is not None:
