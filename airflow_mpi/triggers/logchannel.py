@@ -12,9 +12,11 @@ written only when the socket has room for it (``TIOCOUTQ`` against ``SO_SNDBUF``
 then returns at once); otherwise it waits in one FIFO, across jobs, and the loop is told
 (``add_writer``, epoll) when the supervisor has read, then writes what fits. No job waits longer
 than the records ahead of it, and no polling: the channel drains as fast as the supervisor reads.
-Bounded: past ``MAX_QUEUED_BYTES`` the channel writes as before, waiting for the supervisor
-(back-pressure rather than memory), and every record that waited in the queue tells the log
-budget the channel is behind (``LogBudget.wrote``), so the jobs' rates halve and a flood slows.
+While records wait, the jobs' follows read no further (``caught_up``): their lines wait in the
+pods' logs, and the CPU the reads would take is left to the supervisor, as the blocking write
+did, without stopping the loop. A record that waited tells the log budget the channel is behind
+(``LogBudget.wrote``): the jobs' rates halve and a flood slows. Bounded: past
+``MAX_QUEUED_BYTES`` the channel writes as before, waiting for the supervisor.
 
 Where the records do not go to such a socket (``dag.test()``, a triggerer logging to a file or a
 pipe), ``LogChannel.find`` returns a channel that writes at once, as Airflow's logging does.
@@ -40,6 +42,7 @@ from typing import Any
 MAX_QUEUED_BYTES = 8 * 1024 * 1024  # records held for the socket before writes wait again
 SKB_OVERHEAD = 1024  # what the kernel charges a socket's send buffer per write, beyond the bytes
 SKB_BYTES = 32 * 1024  # the most one socket buffer of a Unix stream write holds
+RESUME_STEP = 0.0005  # seconds between the follows that read on once the channel caught up
 
 
 def record_bytes(text: str) -> int:
@@ -76,6 +79,9 @@ class LogChannel:
         self.forced = 0  # records written past MAX_QUEUED_BYTES (waiting for the supervisor)
         self._pending: dict[int, int] = {}  # id(owner) -> its records queued
         self._drained: dict[int, asyncio.Event] = {}  # id(owner) -> set once none of its is queued
+        self._empty = asyncio.Event()  # set while nothing is queued
+        self._empty.set()
+        self._waiting = 0  # follows waiting in ``caught_up``
 
     @classmethod
     def find(cls, loop: asyncio.AbstractEventLoop, on_waited: Callable[[float], None]) -> LogChannel:
@@ -93,12 +99,26 @@ class LogChannel:
         self.queue.append(_Record(owner, size, write))
         self.queued_bytes += size
         self._pending[id(owner)] = self._pending.get(id(owner), 0) + 1
+        self._empty.clear()
         self._drained.setdefault(id(owner), asyncio.Event()).clear()
         if self.queued_bytes > MAX_QUEUED_BYTES:
             self.forced += 1
             self._pump(force=True)
         else:
             self._watch()
+
+    async def caught_up(self) -> None:
+        """Return once nothing is queued: a job's follow waits here before it reads on, so while
+        the supervisor is behind the lines wait in the pod's log, not in memory, and the CPU the
+        reads would take is left to the supervisor (what the blocking write did, without the loop)."""
+        if self._empty.is_set():
+            return
+        place, self._waiting = self._waiting, self._waiting + 1
+        try:
+            await self._empty.wait()
+        finally:
+            self._waiting -= 1
+        await asyncio.sleep(place * RESUME_STEP)  # woken together, the follows read on one by one
 
     async def drained(self, owner: object, timeout: float) -> bool:
         """Wait until none of ``owner``'s records is queued (up to ``timeout``); False if some
@@ -169,7 +189,9 @@ class LogChannel:
             self._drained.pop(key).set()
         if self.queue:
             self._watch()
-        elif self.watching and self.fd is not None:
+            return
+        self._empty.set()
+        if self.watching and self.fd is not None:
             self.loop.remove_writer(self.fd)
             self.watching = False
 

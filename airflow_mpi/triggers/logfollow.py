@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,7 @@ class MasterLogFollower:
         master_ended: asyncio.Event,
         *,
         budget: Callable[[int], float] | None = None,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
         read_timeout: float = LOG_READ_TIMEOUT,
         log: Any = None,
         pod: Callable[[], str | None] | None = None,
@@ -168,6 +169,7 @@ class MasterLogFollower:
         self.output = output
         self.master_ended = master_ended
         self.budget = budget or (lambda size: 0.0)
+        self.caught_up = caught_up  # the task log's channel has written what was read
         self.read_timeout = read_timeout
         self.log = log
         self.cursor = LogCursor()
@@ -261,6 +263,8 @@ class MasterLogFollower:
                         return False
                     delay = self.budget(len(chunk))
                     await asyncio.sleep(delay)  # 0 within the budget: a step for the other jobs
+                    if self.caught_up is not None:  # the supervisor is behind: read on once it is not
+                        await self.caught_up()
         except asyncio.CancelledError:
             raise
         except Exception as error:

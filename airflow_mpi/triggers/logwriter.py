@@ -76,6 +76,10 @@ class MasterRecords:
         if not await channel.drained(self, timeout):
             channel.write_now(self)
 
+    async def caught_up(self) -> None:
+        """Once the loop's channel has written every job's records (the follow reads on then)."""
+        await self._channel().caught_up()
+
     def write_now(self) -> None:
         """Every line so far in the log at once (the trigger is cancelled: no waiting on the loop)."""
         self.flush()

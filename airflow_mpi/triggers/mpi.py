@@ -266,6 +266,7 @@ class MPIJobTrigger(BaseTrigger):
             output,
             self._master_ended,
             budget=budget_for_loop().for_job(),
+            caught_up=records.caught_up,
             log=self.log,
             pod=self._master_pod_now,
         )

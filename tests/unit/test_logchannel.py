@@ -83,6 +83,28 @@ def test_records_wait_for_the_supervisor_in_one_fifo_and_the_loop_never_blocks()
     assert waits and max(waits) > 0  # the budget heard that records waited
 
 
+def test_a_follow_reads_on_once_the_channel_has_caught_up() -> None:
+    """While records wait for the supervisor, ``caught_up`` waits (the follows read no more);
+    once the supervisor has read them all, it returns."""
+
+    async def run(runner: socket.socket, supervisor: socket.socket) -> tuple[bool, bool]:
+        channel = LogChannel(asyncio.get_running_loop(), runner.fileno(), lambda waited: None)
+        await asyncio.wait_for(channel.caught_up(), 1)  # nothing queued: at once
+        size = record_bytes("x" * RECORD)
+        for i in range(20):
+            channel.submit(object(), size, writer(runner.fileno(), f"r{i:02d}", []))
+        waiting = asyncio.create_task(channel.caught_up())
+        await asyncio.sleep(0.3)
+        behind = not waiting.done()
+        await asyncio.to_thread(read_records, supervisor, 20)
+        await asyncio.wait_for(waiting, 10)
+        return behind, not channel.queue
+
+    with log_socket() as (runner, supervisor):
+        behind, empty = asyncio.run(run(runner, supervisor))
+    assert behind and empty
+
+
 def test_a_trigger_that_ends_writes_its_records_first() -> None:
     written: list[str] = []
 
