@@ -207,6 +207,7 @@ class LogChannel:
 
 
 def _send_buffer(fd: int) -> int:
+    """The socket's send buffer as the kernel counts it (what ``TIOCOUTQ`` is measured against)."""
     probe = socket.socket(fileno=os.dup(fd))
     try:
         return int(probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
@@ -237,6 +238,7 @@ _CHANNELS: dict[int, LogChannel] = {}  # per event loop (id): a triggerer runs o
 
 
 def channel_for_loop(on_waited: Callable[[float], None]) -> LogChannel:
+    """The running loop's channel (``on_waited``: told how long records waited, when they did)."""
     loop = asyncio.get_running_loop()
     channel = _CHANNELS.get(id(loop))
     if channel is None or channel.loop is not loop:
