@@ -18,8 +18,13 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-system: ## apt packages (sshd, Open MPI, iproute2) and the pod contract's directories
+system: ## apt packages (sshd, Open MPI, iproute2, Python's venv) and the pod contract's directories
 	@docker/install-runtime.sh --system
+	@# Debian's python3 comes without its venv module (and a minimal image without python3)
+	@if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
+		echo "system: apt-get install python3 python3-venv"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null; \
+	fi
 
 $(STAMP): pyproject.toml constraints.txt docker/requirements-runtime.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
