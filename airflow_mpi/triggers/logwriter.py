@@ -43,6 +43,7 @@ class MasterRecords:
         self._held_lines = 0
         self._mark = 0  # lines read through the last line held
         self._timer: asyncio.TimerHandle | None = None
+        self._channel_found: LogChannel | None = None
 
     def info(self, text: str) -> None:
         """Lines, held until ``hold`` has passed since the first of them (or there are many)."""
@@ -89,9 +90,12 @@ class MasterRecords:
         self._channel().submit(self, record_bytes(text), lambda: call(text, logger=_mark(mark)))
 
     def _channel(self) -> LogChannel:
-        from airflow_mpi.triggers.logfollow import budget_for_loop
+        """The loop's channel, looked up once (a trigger's records stay in its one loop)."""
+        if self._channel_found is None:
+            from airflow_mpi.triggers.logfollow import budget_for_loop
 
-        return channel_for_loop(budget_for_loop().wrote)
+            self._channel_found = channel_for_loop(budget_for_loop().wrote)
+        return self._channel_found
 
 
 def _mark(lines: int) -> Any:
