@@ -439,35 +439,27 @@ def real_triggerer_figures(prefix: str, got: dict[str, Any], jobs: int, waiting_
         figure(f"{prefix}: flood job's lines shown in {got['released_s']:.0f} s", got["flood_lines"], "lines"),
     ]
     cpus = got["cpu_use_steady"]  # CPUs busy over the steady window, by process
-    figures += [
-        figure(f"{prefix}: CPUs busy, steady (of {os.cpu_count()})", cpus["machine_busy_cpus"], "CPUs"),
-        figure(f"{prefix}: of them, the trigger runner (the triggers)", cpus["trigger_runner_cpus"], "CPUs"),
-        figure(
-            f"{prefix}: of them, the triggerer's supervisor (Airflow's trigger table, the log files)",
+    steps = got["loop_long_steps"]  # the event loop's steps over 0.1 s, steady: where their time went
+    airflow_cpus = cpus["scheduler_cpus"] + cpus["api-server_cpus"] + cpus["dag-processor_cpus"]
+    where: list[tuple[str, float, str]] = [  # (what, value, unit)
+        (f"CPUs busy, steady (of {os.cpu_count()})", cpus["machine_busy_cpus"], "CPUs"),
+        ("of them, the trigger runner (the triggers)", cpus["trigger_runner_cpus"], "CPUs"),
+        (
+            "of them, the triggerer's supervisor (Airflow's trigger table, the log files)",
             cpus["triggerer_supervisor_cpus"],
             "CPUs",
         ),
-        figure(f"{prefix}: of them, the API double (every master's log)", cpus["api_double_cpus"], "CPUs"),
-        figure(
-            f"{prefix}: of them, Airflow's scheduler, api-server and dag-processor",
-            cpus["scheduler_cpus"] + cpus["api-server_cpus"] + cpus["dag-processor_cpus"],
-            "CPUs",
-        ),
+        ("of them, the API double (every master's log)", cpus["api_double_cpus"], "CPUs"),
+        ("of them, Airflow's scheduler, api-server and dag-processor", airflow_cpus, "CPUs"),
+        ("event loop steps over 0.1 s, steady", steps["steps"], "steps"),
+        ("of those steps' time, on a CPU (the triggers' own work)", steps["on_cpu_s"], "s"),
+        ("of those steps' time, waiting for a CPU (the machine's other processes)", steps["waiting_for_cpu_s"], "s"),
+        ("of those steps' time, blocked in a system call", steps["blocked_s"], "s"),
+        ("the warnings' lag, in all", steps["warned_lag_s"], "s"),
+        ("of that lag, the loop on a CPU", steps["warned_ticks"]["cpu"], "s"),
+        ("of that lag, the loop waiting for a CPU", steps["warned_ticks"]["runqueue"], "s"),
     ]
-    steps = got["loop_long_steps"]  # the event loop's steps over 0.1 s, steady: where their time went
-    figures += [
-        figure(f"{prefix}: event loop steps over 0.1 s, steady", steps["steps"], "steps"),
-        figure(f"{prefix}: of those steps' time, on a CPU (the triggers' own work)", steps["on_cpu_s"], "s"),
-        figure(
-            f"{prefix}: of those steps' time, waiting for a CPU (the machine's other processes)",
-            steps["waiting_for_cpu_s"],
-            "s",
-        ),
-        figure(f"{prefix}: of those steps' time, blocked in a system call", steps["blocked_s"], "s"),
-        figure(f"{prefix}: the warnings' lag, in all", steps["warned_lag_s"], "s"),
-        figure(f"{prefix}: of that lag, the loop on a CPU", steps["warned_ticks"]["cpu"], "s"),
-        figure(f"{prefix}: of that lag, the loop waiting for a CPU", steps["warned_ticks"]["runqueue"], "s"),
-    ]
+    figures += [figure(f"{prefix}: {what}", value, unit) for what, value, unit in where]
     return figures
 
 
