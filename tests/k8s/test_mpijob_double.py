@@ -724,7 +724,8 @@ def test_kueue_suspends_a_queued_mpijob_until_its_workload_is_admitted(scripts: 
         cluster.submit(body)
         assert cluster.job("queued")["spec"]["runPolicy"]["suspend"] is True  # the webhook's doing
         until(lambda: cluster.conditions("queued").get("Suspended", {}).get("status") == "True")
-        (workload,) = kube.list_objects("workloads.kueue.x-k8s.io", NS)
+        # Kueue makes the Workload on its own (a thread of the double), not with the suspension.
+        (workload,) = until(lambda: kube.list_objects("workloads.kueue.x-k8s.io", NS))
         assert workload["spec"] == {
             "queueName": "training",
             "podSets": [{"name": "launcher", "count": 1}, {"name": "worker", "count": 2}],
