@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_mpi import __version__
-from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND
+from airflow_mpi.hooks.connection_form import CONN_FIELDS, HIDDEN_FIELDS
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -33,44 +33,8 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "airflow_mpi.hooks.mpi.MPIJobHook",
                 "hook-name": "MPI job backend",
                 "connection-type": "mpi",
-                "conn-fields": {
-                    "backend": {
-                        "label": "Backend",
-                        "description": "'local' (namespaced processes on this machine), 'kubernetes' (pods), "
-                        "'volcano' (a Volcano Job) or 'mpijob' (a Kubeflow MPIJob, run by mpi-operator)",
-                        # The hook's names and default: the form preselects the default and
-                        # offers no empty choice (the hook treats an unset backend as the default).
-                        "schema": {"type": "string", "enum": list(BACKEND_NAMES), "default": DEFAULT_BACKEND},
-                    },
-                    "kubernetes_conn_id": {
-                        "label": "Kubernetes connection id",
-                        "description": "Airflow connection of the cluster (kubernetes backend)",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "namespace": {
-                        "label": "Namespace",
-                        "description": "Namespace for the job's objects (default: the Kubernetes connection's)",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "api_timeout": {
-                        "label": "API timeout (seconds)",
-                        "description": "Seconds the Kubernetes API may stay silent before a wait gives up (120)",
-                        "schema": {"type": ["number", "null"], "minimum": 1, "maximum": 86400},
-                    },
-                    "job_url_template": {
-                        "label": "Job link URL template",
-                        "description": "The task's 'MPI job' link, e.g. https://dash.example/{namespace}/{job}; "
-                        "fields: "
-                        "{namespace}, {job}, {dag_id}, {task_id}, {run_id}, {try_number}",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "state_dir": {
-                        "label": "Local state directory",
-                        "description": "Where the local backend keeps its job files (default /run/airflow-mpi-local)",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                },
-                "ui-field-behaviour": {"hidden-fields": ["host", "schema", "login", "password", "port", "extra"]},
+                "conn-fields": CONN_FIELDS,
+                "ui-field-behaviour": {"hidden-fields": HIDDEN_FIELDS},
             }
         ],
     }

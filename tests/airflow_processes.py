@@ -35,11 +35,12 @@ class Airflow:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.api = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}"
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """``env``: variables over the processes' own (e.g. a log folder of this one's)."""
         out = open(self.home / f"{name}.out", "ab")  # noqa: SIM115 (the process keeps it)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow", *args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            [sys.executable, "-m", "airflow", *args], env={**self.env, **(env or {})}, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         self.procs[name] = proc
         return proc

@@ -24,9 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
-from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_mpi.compat import AirflowFailException, context_keys
 from airflow_mpi.decorators.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.operators.mpi import MPIJobOperator
@@ -69,8 +68,12 @@ class _MPIDecoratedOperator(DecoratedOperator, MPIJobOperator):
         super().__init__(python_callable=python_callable, job=job, **kwargs)
 
     def execute(self, context: Context) -> Any:
+        # MPIJobOperator's own execute, not DecoratedOperator's: that one only adds Asset inlets
+        # and outlets (the arguments and the result are JSON here, never Assets) around a private
+        # output hook whose signature changed between Airflow releases (3.0 passes an xcom_push
+        # the Task SDK's operators no longer have).
         self._ship_function()
-        return self._returned(context, super().execute(context))
+        return self._returned(context, MPIJobOperator.execute(self, context))
 
     def execute_complete(self, context: Context, event: JobEvent) -> Any:
         self._ship_function()  # the same files: the spec must render the same plan
@@ -105,7 +108,9 @@ class _MPIDecoratedOperator(DecoratedOperator, MPIJobOperator):
             context["ti"].xcom_push(key=JOB_SUMMARY, value={k: v for k, v in summary.items() if k != "result"})
         except Exception as error:  # the summary is extra: never fail a finished job on it
             self.log.warning("could not push the job summary to XCom key %r: %s", JOB_SUMMARY, error)
-        return self._handle_output(summary.get("result"))
+        # As is: a rank's result is JSON, never an Asset for the task's outlets (what Airflow's
+        # own output handling, private and with a signature that changed in 3.1, adds).
+        return summary.get("result")
 
 
 def mpi_task(
@@ -139,7 +144,7 @@ def _context_parameters(function: Callable[..., Any]) -> list[SpecIssue]:
             f"rename it and pass the value you need as an argument, e.g. {name}='{{{{ {name} }}}}' for a template",
         )
         for name in inspect.signature(function).parameters
-        if name in KNOWN_CONTEXT_KEYS
+        if name in context_keys()
     ]
 
 

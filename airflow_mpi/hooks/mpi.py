@@ -3,20 +3,25 @@
 Connection extras: ``backend`` (``local``, ``kubernetes``, ``volcano`` or ``mpijob``), ``kubernetes_conn_id``,
 ``namespace``, ``api_timeout`` (seconds the Kubernetes API may stay silent before a wait gives
 up), ``state_dir``, ``job_url_template`` (the task's "MPI job" link, e.g. a dashboard URL with
-``{namespace}`` and ``{job}``). With no connection configured, the local backend is used, so the
-example DAG runs as it is on one machine.
+``{namespace}`` and ``{job}``).
+
+A connection id that does not exist is an error naming it and how to create it, before anything
+is created: a mistyped ``mpi_conn_id`` must never start sshd and the training on the Airflow
+worker. The one exception is the default id, ``mpi_default``: without it the local backend is
+used (with a warning that says so), so the example DAG runs as it is on one machine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
+from airflow.sdk.exceptions import AirflowRuntimeError
 
 from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND, KUBERNETES_KINDS
 from airflow_mpi.backends.base import Backend
+from airflow_mpi.compat import AirflowNotFoundException, BaseHook
 from airflow_mpi.exceptions import BackendUnavailable
+from airflow_mpi.hooks.connection_form import HIDDEN_FIELDS, build_form_widgets, unprefixed
 from airflow_mpi.hooks.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
 
 BACKENDS = BACKEND_NAMES
@@ -34,9 +39,12 @@ class MPIJobHook(BaseHook):
         # How messages name the connection. A connection test names it "this connection": the
         # UI and the REST API test a copy under a generated id the user has never seen.
         self._named = f"connection {mpi_conn_id!r}"
+        self._warned_default = False
 
     def connection_extras(self) -> dict[str, Any]:
-        """The connection's extras; ``{}`` when no such connection exists (local defaults)."""
+        """The connection's extras; ``{}`` (the local backend) when the default connection does not
+        exist. Any other id that does not exist is an error: ``BackendUnavailable``, saying how to
+        create it."""
         if not self.mpi_conn_id:
             return {}
         try:
@@ -44,13 +52,32 @@ class MPIJobHook(BaseHook):
         except (AirflowNotFoundException, AirflowRuntimeError) as error:
             if isinstance(error, AirflowRuntimeError) and "NOT_FOUND" not in str(error).upper():
                 raise
-            self.log.info("No connection %r: using the local backend", self.mpi_conn_id)
+            if self.mpi_conn_id != self.default_conn_name:
+                raise BackendUnavailable(render_missing_connection(self.mpi_conn_id)) from error
+            if not self._warned_default:
+                self._warned_default = True
+                self.log.warning(
+                    "No connection %r: this job runs on the local backend, in namespaces on this Airflow "
+                    "worker. To run it on Kubernetes, create the connection (%s)",
+                    self.mpi_conn_id,
+                    how_to_create(self.mpi_conn_id),
+                )
             return {}
-        extras = dict(connection.extra_dejson or {})
+        extras = unprefixed(dict(connection.extra_dejson or {}))
         problem = check_url_template(extras.get(URL_TEMPLATE_EXTRA))
         if problem:
             raise BackendUnavailable(f"{self._named}: extra {URL_TEMPLATE_EXTRA!r} {problem}")
         return extras
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The form's fields on Airflow 3.0 and 3.1 (later releases read them from the provider info)."""
+        return build_form_widgets()
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The standard fields the form hides, on Airflow 3.0 and 3.1."""
+        return {"hidden_fields": list(HIDDEN_FIELDS), "relabeling": {}}
 
     def job_url(self, fields: dict[str, object]) -> str:
         """The job's link from the ``job_url_template`` extra ("" when the connection has none)."""
@@ -124,3 +151,22 @@ class MPIJobHook(BaseHook):
             return True, f"local backend ready: {len(report.results)} checks passed on this machine"
         failed = [*report.missing, *(f"{r.check}: {r.detail}" for r in report.results if r.failed)]
         return False, "local backend not ready: " + "; ".join(failed)
+
+
+def how_to_create(conn_id: str) -> str:
+    """The two ways to create connection ``conn_id`` (for the Kubernetes backend)."""
+    extras = '{"backend": "kubernetes", "kubernetes_conn_id": "kubernetes_default", "namespace": "training"}'
+    return (
+        f"airflow connections add {conn_id} --conn-type mpi --conn-extra '{extras}', or the environment "
+        f'variable AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "mpi", "extra": {extras}}}\'; '
+        'the extra "backend": "local" runs the job on the Airflow worker instead'
+    )
+
+
+def render_missing_connection(conn_id: str) -> str:
+    """The task's error for an ``mpi_conn_id`` that names no connection."""
+    return (
+        f"connection {conn_id!r} does not exist, so there is no backend to run the job on (nothing was "
+        f"created). Check the spelling of mpi_conn_id, or create it: {how_to_create(conn_id)}. Only the "
+        f"default id {MPIJobHook.default_conn_name!r} falls back to the local backend when it is missing"
+    )

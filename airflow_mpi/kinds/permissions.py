@@ -35,6 +35,8 @@ POD_BACKEND_RULES: tuple[dict[str, list[str]], ...] = (
         "resources": ["services", "secrets", "configmaps"],
         "verbs": ["create", "get", "list", "delete"],
     },
+    # A deferred job's live log keeps how far it was shown on the job's ConfigMap (``logshown``).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
 )
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from airflow_mpi.job.naming import RunIdentity, build_pod_name, job_selector
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
-from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, render_owner_reference
+from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, config_map_name, render_owner_reference
 from airflow_mpi.kinds.mpijob import (
     LABEL_OPERATOR_JOB,
     MPIJOB,
@@ -29,6 +29,7 @@ from airflow_mpi.kinds.mpijob import (
     describe_validation_event,
     launcher_name,
     launcher_selector,
+    mpijob_config_map_name,
     render_mpijob_manifests,
     render_mpijob_owner_reference,
     render_mpijob_plan,
@@ -94,6 +95,10 @@ class JobKind:
     def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
         """What makes our objects the top object's dependents (deleted with it)."""
         return render_owner_reference(plan, uid)
+
+    def config_map_name(self, job_name: str) -> str:
+        """The job's own ConfigMap (the launch script, the hostfile; the live log's shown mark)."""
+        return config_map_name(job_name)
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
         return render_plan(spec, identity)
@@ -240,6 +245,9 @@ class MPIJobKind(JobKind):
 
     def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
         return render_mpijob_owner_reference(plan, uid)
+
+    def config_map_name(self, job_name: str) -> str:
+        return mpijob_config_map_name(job_name)
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
         return render_mpijob_plan(spec, identity)

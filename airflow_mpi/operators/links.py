@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
+from airflow_mpi.compat import store_link
 from airflow_mpi.operators.xcomkeys import JOB_LINK, JOB_REF
 
 if TYPE_CHECKING:
@@ -56,13 +57,8 @@ def job_url(conn_id: str | None, ref: dict[str, Any], ti: Any) -> str:
 
 def store_job_link(conn_id: str | None, ref: dict[str, Any], ti: Any) -> str:
     """Store the link under the key the UI reads, now, rather than only when the task ends.
-    Written as Airflow writes links: to the metadata database, never to a custom XCom backend,
-    because the API server reads links from the database."""
-    from airflow.sdk.execution_time.xcom import XCom
-
+    Written as Airflow writes links (``compat.store_link``)."""
     url = job_url(conn_id, ref, ti)
     if url:
-        XCom._set_xcom_in_db(
-            key=JOB_LINK, value=url, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=ti.map_index
-        )
+        store_link(ti, JOB_LINK, url)
     return url

@@ -24,9 +24,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend, ReattachableBackend
+from airflow_mpi.compat import AirflowFailException, TaskDeferred, conf
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
@@ -344,11 +344,7 @@ def check_operator_arguments(job: object, mpi_conn_id: object, deferrable: objec
 
 def default_deferrable() -> bool:
     """``[operators] default_deferrable`` (False when unset), as Airflow's deferrable operators read it."""
-    try:  # the Task SDK's configuration (Airflow 3.1+); before it, the core's
-        from airflow.sdk.configuration import conf
-    except ImportError:  # pragma: no cover - Airflow 3.0
-        from airflow.configuration import conf
-    return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
+    return bool(conf().getboolean("operators", "default_deferrable", fallback=False))
 
 
 def _starts_master_with_workers(runner: JobRunner) -> bool:

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
+from airflow_mpi.compat import AirflowFailException, AirflowSensorTimeout
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.observe.readiness import HostProbe, summarize_not_ready
 from airflow_mpi.runner.waits import check_sshd_once

@@ -139,8 +139,7 @@ async def load_configuration(conn_id: str) -> tuple[Any, bool]:
 
 
 async def _connection_extras(conn_id: str) -> dict[str, Any]:
-    from airflow.providers.common.compat.connection import get_async_connection
-    from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow_mpi.compat import AirflowNotFoundException, get_async_connection
 
     try:
         connection = await get_async_connection(conn_id)

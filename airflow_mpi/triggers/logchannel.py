@@ -31,13 +31,11 @@ import contextvars
 import fcntl
 import os
 import socket
-import stat
 import termios
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 MAX_QUEUED_BYTES = 8 * 1024 * 1024  # records held for the socket before writes wait again
 SKB_OVERHEAD = 1024  # what the kernel charges a socket's send buffer per write, beyond the bytes
@@ -86,7 +84,9 @@ class LogChannel:
     @classmethod
     def find(cls, loop: asyncio.AbstractEventLoop, on_waited: Callable[[float], None]) -> LogChannel:
         """The channel of the socket structlog writes to in this process, if it is one."""
-        return cls(loop, structlog_socket_fd(), on_waited)
+        from airflow_mpi.compat import trigger_log_fd
+
+        return cls(loop, trigger_log_fd(), on_waited)
 
     def submit(self, owner: object, size: int, write: Callable[[], None]) -> None:
         """Write now if nothing is queued and the socket has room; else queue it."""
@@ -213,25 +213,6 @@ def _send_buffer(fd: int) -> int:
         return int(probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
     finally:
         probe.close()
-
-
-def structlog_socket_fd() -> int | None:
-    """The fd of the stream socket structlog writes its records to (Airflow's trigger runner
-    sends them to its supervisor so); None for anything else (a file, a pipe, a terminal)."""
-    try:
-        import structlog
-
-        bound: Any = structlog.get_logger().bind()
-        fd = bound._logger._file.fileno()  # structlog's BytesLogger over the runner's log socket
-        mode = os.fstat(fd).st_mode
-    except Exception:
-        return None
-    if not stat.S_ISSOCK(mode):
-        return None
-    with socket.socket(fileno=os.dup(fd)) as probe:
-        if probe.family != socket.AF_UNIX or probe.type != socket.SOCK_STREAM:
-            return None
-    return int(fd)
 
 
 _CHANNELS: dict[int, LogChannel] = {}  # per event loop (id): a triggerer runs one

@@ -10,20 +10,18 @@ milliseconds), and every job spends from a ``LogBudget`` (its own share and the 
 it reads on: a job that floods its log is read more slowly (its lines wait in the pod's log, not
 here), and the jobs beside it keep their pace.
 
-Exactly once across a triggerer killed mid-run: every record a trigger writes names the number of
-master lines read so far in its source (``logger``: ``airflow_mpi.master:<n>``; the Airflow UI
-shows sources only when asked to), so a trigger started again by another triggerer reads the
-try's trigger log files (``lines_in_try_log``) and goes on after the last line that reached them.
+Exactly once across triggerers: every record a trigger writes names the number of master lines
+read so far in its source (``logger``: ``airflow_mpi.master:<n>``; the Airflow UI shows sources
+only when asked to), and goes out once the job's shown mark counts them (``logshown``, on the
+job's ConfigMap), so a trigger started again by any triggerer goes on after them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_status, explain, is_refusal
@@ -115,31 +113,6 @@ MASTER_LOGGER = "airflow_mpi.master"  # the source of the records of the master'
 def build_mark(lines: int) -> str:
     """The source (``logger``) of a record: the master's log, read through its ``lines``-th line."""
     return f"{MASTER_LOGGER}:{lines}"
-
-
-def lines_in_try_log(task_instance: Any) -> int:
-    """The most master lines any trigger of this task try has written to the try's log (its
-    trigger log files, read from Airflow's local log folder); 0 when they cannot be read (no
-    task instance, remote logging without a local copy, another machine's triggerer)."""
-    try:
-        from airflow.configuration import conf
-        from airflow.utils.helpers import log_filename_template_renderer
-
-        relative = log_filename_template_renderer()(ti=task_instance)
-        base = Path(conf.get("logging", "base_log_folder"))
-        files = sorted(base.glob(str(relative) + ".trigger.*.log"))
-    except Exception:
-        return 0
-    mark = re.compile(rb'"logger":\s*"' + re.escape(MASTER_LOGGER.encode()) + rb':(\d+)"')
-    most = 0
-    for path in files:
-        with contextlib.suppress(OSError), open(path, "rb") as handle:
-            for line in handle:
-                if MASTER_LOGGER.encode() in line:
-                    found = mark.search(line)
-                    if found:
-                        most = max(most, int(found.group(1)))
-    return most
 
 
 class MasterLogFollower:

@@ -11,18 +11,24 @@ blocks the event loop; a record that waited tells the log budget (``LogBudget.wr
 job's rate halves, and a flood slows while the others keep their pace. Before the trigger fires,
 its records are all written: the resumed task counts them as shown.
 
-Each record is marked with how far the master's log has been read through its last line
-(``logfollow.build_mark``), so a trigger started again goes on after what the log holds.
+Each record names how far the master's log has been read through its last line
+(``logfollow.build_mark``). With the job's shown mark (``logshown``), a record goes out only once
+the mark counts its lines: a trigger that another triggerer starts again goes on after them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.observe.output import MAX_RECORD_LINES
 from airflow_mpi.triggers.logchannel import LogChannel, channel_for_loop, record_bytes
+
+if TYPE_CHECKING:
+    from airflow_mpi.triggers.logshown import ShownLines
 
 HOLD = 0.25  # seconds a line may wait for the next ones (the live log's 2 s allows it)
 
@@ -31,13 +37,16 @@ class MasterRecords:
     """The master's lines as records of the task try's log (structlog: its fields reach the
     log file; stdlib logging's ``extra`` does not, in Airflow 3's triggerer)."""
 
-    def __init__(self, lines_read: Callable[[], int], hold: float = HOLD) -> None:
+    def __init__(self, lines_read: Callable[[], int], hold: float = HOLD, shown: ShownLines | None = None) -> None:
         import structlog
 
         from airflow_mpi.triggers.logfollow import MASTER_LOGGER
 
         self.lines_read = lines_read
         self.hold = hold
+        self.shown = shown  # None: records go out at once (no mark to keep)
+        self._outbox: deque[tuple[Callable[..., Any], str, int]] = deque()  # waiting for their mark
+        self._shipping: asyncio.Task[None] | None = None
         self.logger = structlog.get_logger(logger_name=MASTER_LOGGER)
         self._held: list[str] = []
         self._held_lines = 0
@@ -73,6 +82,10 @@ class MasterRecords:
         """Every line so far in the log: held ones sent, queued ones written (waiting for the
         channel up to ``timeout``, then for the supervisor)."""
         self.flush()
+        if self._shipping is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(self._shipping)
         channel = self._channel()
         if not await channel.drained(self, timeout):
             channel.write_now(self)
@@ -81,12 +94,57 @@ class MasterRecords:
         """Once the loop's channel has written every job's records (the follow reads on then)."""
         await self._channel().caught_up()
 
-    def write_now(self) -> None:
-        """Every line so far in the log at once (the trigger is cancelled: no waiting on the loop)."""
+    async def stop(self, timeout: float) -> None:
+        """The trigger is cancelled (its triggerer stops, or the trigger moves to another): every
+        line read goes in the log and the mark counts it, unless another trigger owns the mark
+        by now (it shows them); the mark's write waits up to ``timeout``."""
         self.flush()
+        if self._shipping is not None:
+            self._shipping.cancel()
+        try:
+            if self.shown is not None and self._outbox and not self.shown.lost:
+                async with asyncio.timeout(timeout):
+                    await self.shown.mark(self._outbox[-1][2])
+        finally:
+            self.write_now()
+
+    def write_now(self) -> None:
+        """Every line so far in the log at once (no waiting on the loop), unless another trigger
+        marks this log now."""
+        self.flush()
+        if self._shipping is not None:
+            self._shipping.cancel()
+            self._shipping = None
+        outbox, self._outbox = self._outbox, deque()
+        if self.shown is None or not self.shown.lost:
+            for call, text, mark in outbox:
+                self._send(call, text, mark)
         self._channel().write_now(self)
 
     def _submit(self, call: Callable[..., Any], text: str, mark: int) -> None:
+        if self.shown is None:
+            self._send(call, text, mark)
+            return
+        self._outbox.append((call, text, mark))
+        if self._shipping is None:
+            self._shipping = asyncio.get_running_loop().create_task(self._ship())
+
+    async def _ship(self) -> None:
+        """The outbox in order: each record once the mark counts its lines."""
+        assert self.shown is not None
+        try:
+            while self._outbox:
+                call, text, mark = self._outbox[0]
+                if not await self.shown.mark(mark):
+                    self._outbox.clear()  # another trigger shows this log now
+                    self.logger.info("airflow-mpi: another triggerer shows this job's log from here on")
+                    break
+                self._outbox.popleft()
+                self._send(call, text, mark)
+        finally:
+            self._shipping = None
+
+    def _send(self, call: Callable[..., Any], text: str, mark: int) -> None:
         self._channel().submit(self, record_bytes(text), lambda: call(text, logger=_mark(mark)))
 
     def _channel(self) -> LogChannel:

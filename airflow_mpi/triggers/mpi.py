@@ -63,6 +63,7 @@ WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
 TAIL_LINE_CHARS = 4096  # of each of the master's last lines in the event
 DRAIN_TIMEOUT = 30.0  # seconds the log may take to end once the master has (the operator shows the rest)
+STOP_MARK_TIMEOUT = 5.0  # seconds a cancelled trigger may take to mark the lines it writes last
 
 
 class MPIJobTrigger(BaseTrigger):
@@ -235,9 +236,10 @@ class MPIJobTrigger(BaseTrigger):
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
                     if self._records is not None:  # the resumed task counts them shown: in the log first
                         await self._records.written(DRAIN_TIMEOUT)
-                finally:
-                    if self._records is not None:  # cancelled: what was read goes in before the trigger does
-                        self._records.write_now()
+                except BaseException:  # cancelled (stopped, moved): what was read goes in, marked
+                    if self._records is not None:
+                        await self._records.stop(STOP_MARK_TIMEOUT)
+                    raise
             else:
                 outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
@@ -246,16 +248,18 @@ class MPIJobTrigger(BaseTrigger):
         """The pod watch and the master's log follow side by side. The job's end fires once the
         log has ended too (every line shown first, within ``DRAIN_TIMEOUT``); a failing world-size
         check fires at once; any other outcome (a worker failed, the deadline) fires at once."""
-        from airflow_mpi.triggers.logfollow import MasterLogFollower, budget_for_loop, lines_in_try_log
+        from airflow_mpi.triggers.logfollow import MasterLogFollower, budget_for_loop
+        from airflow_mpi.triggers.logshown import ShownLines
 
         assert self.master_log is not None
         view = OutputPlan.from_dict(self.master_log)
-        shown = await asyncio.to_thread(lines_in_try_log, getattr(self, "task_instance", None))
-        records = self._records = MasterRecords(lambda: output.lines_read)
+        mark = ShownLines(api_client, self.namespace, self.kind.config_map_name(self.job_name), self.try_number)
+        shown = await mark.claim(self.log)
+        records = self._records = MasterRecords(lambda: output.lines_read, shown=mark)
         output = MasterOutput(view, records.info, records.warning, skip_lines=max(self.skip_lines, shown))
         if shown > self.skip_lines:
             self.log.info(
-                "airflow-mpi: this try's log holds %d line(s) of %s already: going on after them", shown, view.master
+                "airflow-mpi: the job's mark says %d line(s) of %s are shown: going on after them", shown, view.master
             )
         self._output = output
         self._master_ended = asyncio.Event()

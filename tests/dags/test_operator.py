@@ -150,3 +150,41 @@ def test_the_configured_default_gives_way_on_the_local_backend_but_an_explicit_t
     asked = MPIJobOperator(task_id="asked", job=SMALL_JOB, deferrable=True)
     with pytest.raises(AirflowFailException, match="deferrable=True needs the kubernetes backend"):
         asked._prepare(_context())
+
+
+def test_a_connection_id_that_does_not_exist_fails_the_task_before_anything_is_created(
+    dagbag: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped ``mpi_conn_id`` must not run the job on the Airflow worker: the task fails,
+    naming the id and how to create it, and no pod of the local backend was started
+    (``no_leaks``: no namespace, sshd or mpiexec of ours)."""
+    dag_run = dagbag.get_dag("mpi_test_missing_conn").test()
+    assert task_states(dag_run) == {"train": "failed"}
+    out = capfd.readouterr().out
+    assert "connection 'mpi_tpyo' does not exist" in out, out[-3000:]
+    assert "airflow connections add mpi_tpyo --conn-type mpi" in out
+    assert "never runs" not in out
+
+
+def test_only_the_default_id_falls_back_to_the_local_backend_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_mpi.exceptions import BackendUnavailable
+    from airflow_mpi.hooks.mpi import MPIJobHook
+
+    said: list[tuple[str, str]] = []
+
+    class Log:
+        def warning(self, text: str, *args: Any) -> None:
+            said.append(("warning", text % args))
+
+        def info(self, text: str, *args: Any) -> None:
+            said.append(("info", text % args))
+
+    monkeypatch.setattr(MPIJobHook, "log", Log())
+    monkeypatch.delenv("AIRFLOW_CONN_MPI_DEFAULT")  # the suite's own: local, with its state folder
+    hook = MPIJobHook()
+    assert hook.get_backend().name == "local" and hook.get_backend().name == "local"
+    assert [level for level, text in said if "No connection 'mpi_default': this job runs on the local" in text] == [
+        "warning"
+    ]
+    with pytest.raises(BackendUnavailable, match="connection 'mpi_other' does not exist"):
+        MPIJobHook("mpi_other").get_backend()

@@ -1,8 +1,10 @@
-"""A deferred job's log under real Airflow processes (scheduler, dag-processor, triggerer and
+"""A deferred job's log under real Airflow processes (scheduler, dag-processor, two triggerers and
 api-server; LocalExecutor; a fresh home and SQLite database), its pods scripted by the API double
 that this test serves over HTTP: the master's lines are readable through the REST API's task log
-endpoint while the task is deferred; the triggerer is SIGKILLed mid-run and started again; the
-final log holds every line exactly once, in order, and the task succeeds with the job's result."""
+endpoint while the task is deferred; the triggerer running the trigger is SIGKILLed mid-run and
+the other one, which shares the database but not the log folder (another machine's, or a
+rescheduled pod's), takes the trigger over: the two triggerers' logs and the resumed task's hold
+every line exactly once, in order, and the task succeeds with the job's result."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.airflow_processes import Airflow, airflow_processes, wait_for
+from tests.airflow_processes import Airflow, airflow_processes, free_port, wait_for
 from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects
 
@@ -55,6 +57,34 @@ def airflow(double: KubeDouble, tmp_path: Path) -> Iterator[Airflow]:
         yield processes
 
 
+def trigger_logs(folders: dict[str, Path]) -> dict[str, Path]:
+    """The triggerers whose folder holds the task's trigger log (name -> file)."""
+    found = {}
+    for name, folder in folders.items():
+        files = sorted(folder.rglob(f"dag_id={DAG_ID}/**/*.trigger.*.log"))
+        if files:
+            found[name] = files[-1]
+    return found
+
+
+def worker_log(folder: Path) -> str:
+    """The task try's own log file (what the worker wrote: the resumed task's part)."""
+    (path,) = [p for p in folder.rglob(f"dag_id={DAG_ID}/**/attempt=1.log")]
+    return read_text(path)
+
+
+def read_text(path: Path) -> str:
+    """What a log file's records say (their ``event``s), one a line; not their other fields (the
+    trigger's fired event carries the master's last lines too)."""
+    said = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            said.append(str(json.loads(line).get("event", "")))
+        except ValueError:
+            said.append(line)
+    return "\n".join(said)
+
+
 def log_events(airflow: Airflow, run_id: str) -> list[dict[str, Any]]:
     """The task try's log through the REST API: its records (merged by Airflow from the
     worker's and every triggerer's files)."""
@@ -89,12 +119,19 @@ def test_live_lines_through_the_api_and_exactly_once_across_a_killed_triggerer(
     assert airflow.get(ti)["state"] == "deferred" and 10 <= len(live) < LINES
     assert live == [f"{i:03d}" for i in range(len(live))]  # in order, none twice
 
-    # The triggerer dies mid-run; another one takes the trigger over.
-    airflow.kill("triggerer")
+    # A second triggerer beside the first: the same database, a log folder (and log server) of its
+    # own. The first dies mid-run; the second takes the trigger over, finds nothing of the first
+    # one's log, and goes on after what the job's mark counts.
+    folders = {"triggerer": airflow.home / "logs", "triggerer-b": airflow.home / "logs-b"}
+    own = {"AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(folders["triggerer-b"]),
+           "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port())}  # fmt: skip
+    airflow.start("triggerer-b", "triggerer", env=own)
+    time.sleep(3)  # started (its heartbeat in the database) before the first one dies
+    (first,) = wait_for("the trigger's log file", lambda: trigger_logs(folders), 60, airflow)
+    assert first == "triggerer"
+    airflow.kill(first)
     killed_at = len(shown_lines(log_events(airflow, run_id)))
     assert killed_at < LINES - 20, "the job ended before the triggerer was killed: make it print longer"
-    time.sleep(2)
-    airflow.start("triggerer-2", "triggerer")
 
     state = wait_for(
         "the task to end",
@@ -102,16 +139,24 @@ def test_live_lines_through_the_api_and_exactly_once_across_a_killed_triggerer(
         240,
         airflow,
     )
-    events = log_events(airflow, run_id)
-    text = "\n".join(str(event.get("event", "")) for event in events)
-    assert state == "success", text[-4000:]
-    assert shown_lines(events) == [f"{i:03d}" for i in range(LINES)], text[-4000:]  # each once, in order
-    assert text.count("AIRFLOW_MPI_RESULT") == 1
+    taken_over = trigger_logs(folders)
+    second = next(iter(set(taken_over) - {first}), None)
+    assert second is not None, f"no other triggerer took the trigger over: {taken_over}"
+    worker = worker_log(folders["triggerer"])
+    # Each line once, in order: the first triggerer's, then the second's, then the resumed task's.
+    texts = [read_text(taken_over[first]), read_text(taken_over[second]), worker]
+    lines = [line for text in texts for line in re.findall(r"<stdout>:line (\d{3})", text)]
+    assert state == "success", worker[-4000:]
+    assert lines == [f"{i:03d}" for i in range(LINES)], [(found[:2], found[-2:], len(found)) for found in (
+        re.findall(r"<stdout>:line (\d{3})", text) for text in texts)]  # fmt: skip
+    assert all(re.findall(r"<stdout>:line \d{3}", text) for text in texts[:2]), "each triggerer showed lines"
+    assert sum(text.count("AIRFLOW_MPI_RESULT") for text in texts) == 1
     # The lines came from the triggers (their records name the master's log as their source),
-    # and the second triggerer went on after what the first had written.
-    sources = {str(event.get("logger", "")) for event in events if "<stdout>:line" in str(event.get("event", ""))}
-    assert sources and all(source.startswith("airflow_mpi.master:") for source in sources), sources
-    assert "going on after them" in text
+    # and the second went on after what the job's mark counted.
+    records = [json.loads(line) for path in taken_over.values() for line in path.read_text().splitlines()]
+    sources = {record.get("logger") for record in records if "<stdout>:line" in str(record.get("event"))}
+    assert sources and all(str(source).startswith("airflow_mpi.master:") for source in sources), sources
+    assert "going on after them" in texts[1]
     result = airflow.get(f"{ti}/xcomEntries/return_value")["value"]
     result = json.loads(result) if isinstance(result, str) else result
     assert result["result"] == {"lines": LINES}

@@ -19,8 +19,10 @@ from contextlib import contextmanager
 import pytest
 import structlog
 
+from airflow_mpi import compat
+from airflow_mpi.compat import trigger_log_fd
 from airflow_mpi.triggers import logchannel
-from airflow_mpi.triggers.logchannel import LogChannel, record_bytes, structlog_socket_fd
+from airflow_mpi.triggers.logchannel import LogChannel, record_bytes
 
 RECORD = 4096  # bytes a test record writes
 
@@ -211,12 +213,12 @@ def test_the_channel_is_structlogs_socket_and_nothing_else() -> None:
     try:
         with os.fdopen(os.dup(runner.fileno()), "wb", buffering=0) as log_io:
             structlog.configure(logger_factory=structlog.BytesLoggerFactory(log_io))
-            assert structlog_socket_fd() == log_io.fileno()
+            assert trigger_log_fd() == log_io.fileno()
         with os.fdopen(write_end, "wb", buffering=0) as pipe_io:
             structlog.configure(logger_factory=structlog.BytesLoggerFactory(pipe_io))
-            assert structlog_socket_fd() is None
+            assert trigger_log_fd() is None
         structlog.configure(logger_factory=structlog.PrintLoggerFactory())
-        assert structlog_socket_fd() is None
+        assert trigger_log_fd() is None
     finally:
         structlog.configure(**saved)
         runner.close()
@@ -230,12 +232,39 @@ def test_the_channel_is_found_behind_airflows_own_logging_setup() -> None:
     program = """
 import os, socket
 from airflow.sdk.log import configure_logging
-from airflow_mpi.triggers.logchannel import structlog_socket_fd
+from airflow_mpi.compat import trigger_log_fd
 runner, supervisor = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 log_io = os.fdopen(os.dup(runner.fileno()), "wb", buffering=0)
 configure_logging(json_output=True, output=log_io, sending_to_supervisor=True)
-fd = structlog_socket_fd()
+fd = trigger_log_fd()
 print(os.path.samestat(os.fstat(fd), os.fstat(runner.fileno())) if fd is not None else None)
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stdout + done.stderr
+
+
+def test_an_airflow_release_it_was_not_checked_on_gets_records_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's log socket is found through structlog's private file: on a release outside
+    the checked range the channel is not used (records are written at once, as Airflow's logging
+    does), and every record still reaches the log, in order."""
+    saved = structlog.get_config()
+    runner, supervisor = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    monkeypatch.setattr(compat, "LOG_SOCKET_CHECKED", False)
+    try:
+        with os.fdopen(os.dup(runner.fileno()), "wb", buffering=0) as log_io:
+            structlog.configure(logger_factory=structlog.BytesLoggerFactory(log_io))
+            assert trigger_log_fd() is None
+
+            async def run() -> list[str]:
+                written: list[str] = []
+                channel = LogChannel.find(asyncio.get_running_loop(), lambda waited: None)
+                assert channel.fd is None
+                for i in range(3):
+                    channel.submit(object(), 10**9, lambda i=i: written.append(f"line {i}"))  # no room: still at once
+                return written
+
+            assert asyncio.run(run()) == ["line 0", "line 1", "line 2"]
+    finally:
+        structlog.configure(**saved)
+        runner.close()
+        supervisor.close()

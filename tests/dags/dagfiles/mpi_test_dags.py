@@ -83,3 +83,8 @@ with DAG("mpi_test_k8s_mapped", schedule=None, start_date=START, catchup=False):
 # A job whose master runs until the test has looked at the task's link (the test scripts it).
 with DAG("mpi_test_k8s_link_while_running", schedule=None, start_date=START, catchup=False):
     MPIJobOperator(task_id="train", job={**SCRIPTED_JOB, "name": "slow"}, mpi_conn_id="mpi_k8s", retries=0)
+
+# A connection id that does not exist (a typo): the task fails before anything is created.
+with DAG("mpi_test_missing_conn", schedule=None, start_date=START, catchup=False):
+    MPIJobOperator(task_id="train", retries=0, mpi_conn_id="mpi_tpyo",
+                   job={"name": "typo", "command": [PY, "-c", "print('never runs')"]})  # fmt: skip
