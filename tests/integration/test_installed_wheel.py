@@ -7,7 +7,6 @@ interpreter's path: it runs from another directory, with the dags folder as its 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_mpi import __version__
+from tests.distribution import build_distribution
 
 REPO = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).parent / "uv"
@@ -31,24 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sdist and wheel, built from a copy of the tracked files (what a release builds from)."""
-    out = tmp_path_factory.mktemp("dist")
-    source = tmp_path_factory.mktemp("source")
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for name in files:
-        if (REPO / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, source / name)
-    # The environment's setuptools (torch brings it): no download in the build.
-    isolation = ["--no-isolation"] if importlib.util.find_spec("setuptools") else []
-    built = subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--wheel", *isolation, "--outdir", str(out), str(source)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    return out
+    return build_distribution(tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("source"))
 
 
 @pytest.fixture(scope="module")
