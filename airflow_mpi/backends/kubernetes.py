@@ -23,7 +23,7 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -37,9 +37,9 @@ from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.backends.removal import JobRemoval
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.job.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
-from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.job.plan import JobPlan, render_with_platform_env
 from airflow_mpi.kinds.manifests import render_manifests
-from airflow_mpi.kinds.permissions import POD_BACKEND_RULES, build_permissions, missing_permissions, render_missing
+from airflow_mpi.kinds.permissions import missing_permissions, render_missing
 from airflow_mpi.kinds.strategy import JobKind, job_kind
 from airflow_mpi.observe.readiness import HostProbe, probes_from_states
 from airflow_mpi.observe.status import PodPhase, PodState, pod_state_from_k8s
@@ -48,10 +48,6 @@ from airflow_mpi.spec import MPIJobSpec, Role
 _log = logging.getLogger(__name__)
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
 CONDITION_WAIT = 2.0  # for the top object to say why the master pod is gone, once it is
-# What the ``pods`` kind's credentials must be allowed, checked once per namespace before the
-# first create. The custom kinds' Roles grant their resources too; each request's own 403 names
-# a missing verb there.
-POD_PERMISSIONS = build_permissions(POD_BACKEND_RULES)
 BACKEND_NAMES = {"pods": "kubernetes"}  # the connection's ``backend`` extra for each kind
 
 Obj = dict[str, Any]
@@ -70,8 +66,11 @@ class KubernetesBackend:
         create_concurrency: int = 16,
         log_read_timeout: float = LOG_READ_TIMEOUT,
         api_timeout: float = API_TIMEOUT,
+        platform_env: Mapping[str, str] | None = None,
     ) -> None:
         self.kind: JobKind = job_kind(kind)
+        # What the cluster's platform writes into every pod (its connection's ``nccl_ib_env``).
+        self.platform_env = dict(platform_env or {})
         self.name = BACKEND_NAMES.get(kind, kind)
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
@@ -80,7 +79,7 @@ class KubernetesBackend:
         self.log_read_timeout = log_read_timeout
         self.api_timeout = api_timeout
         self._jobs: dict[str, WatchedJob] = {}
-        self._permitted: set[str] = set()  # namespaces whose permissions were checked
+        self._permitted: set[tuple[str, Any]] = set()  # (namespace, permissions) checked
 
     # --- clients --------------------------------------------------------------------------
 
@@ -148,7 +147,7 @@ class KubernetesBackend:
         return "default"
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
-        return self.kind.render_plan(spec, identity)
+        return render_with_platform_env(self.kind.render_plan(spec, identity), self.platform_env)
 
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         return self.kind.starts_master_with_workers(plan)
@@ -158,22 +157,24 @@ class KubernetesBackend:
 
     # --- create ---------------------------------------------------------------------------
 
-    def check_permissions(self, namespace: str) -> None:
-        """Fail before anything is created when the credentials lack a verb the job needs (one
-        SelfSubjectRulesReview). An answer the server marks incomplete (a webhook authorizer),
-        or a review that is not allowed, is not judged: the requests themselves will say."""
-        if self.kind.top is not None or namespace in self._permitted:
+    def check_permissions(self, namespace: str, spec: MPIJobSpec) -> None:
+        """Fail before anything is created when the credentials lack a verb the job needs (its
+        kind's and its gang's too: one SelfSubjectRulesReview). An answer the server marks
+        incomplete (a webhook authorizer), or a review that is not allowed, is not judged: the
+        requests themselves will say."""
+        needed = self.kind.permissions(spec)
+        if (namespace, needed) in self._permitted:
             return
         status = self.objects.rules_review(namespace)
         if status is not None:
-            missing = missing_permissions(status.get("resourceRules") or [], POD_PERMISSIONS)
+            missing = missing_permissions(status.get("resourceRules") or [], needed)
             if missing and not status.get("incomplete"):
                 raise LaunchError(render_missing(missing, namespace, RBAC_DOC))
-        self._permitted.add(namespace)
+        self._permitted.add((namespace, needed))
 
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
-        self.check_permissions(namespace)
+        self.check_permissions(namespace, plan.spec)
         self.creation.create(plan, namespace)
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> WatchedJob:

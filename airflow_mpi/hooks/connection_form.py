@@ -46,6 +46,12 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "{namespace}, {job}, {dag_id}, {task_id}, {run_id}, {try_number}",
         "schema": {"type": ["string", "null"]},
     },
+    "nccl_ib_env": {
+        "label": "NCCL_IB_* for every pod",
+        "description": "JSON object of the NCCL_IB_* variables this cluster's InfiniBand needs, written into every "
+        'pod (a job spec may not set them), e.g. {"NCCL_IB_HCA": "mlx5"}',
+        "schema": {"type": ["object", "null"]},
+    },
     "state_dir": {
         "label": "Local state directory",
         "description": "Where the local backend keeps its job files (default /run/airflow-mpi-local)",

@@ -13,6 +13,8 @@ used (with a warning that says so), so the example DAG runs as it is on one mach
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowRuntimeError
@@ -25,6 +27,21 @@ from airflow_mpi.hooks.connection_form import HIDDEN_FIELDS, build_form_widgets,
 from airflow_mpi.hooks.joblink import URL_TEMPLATE_EXTRA, check_url_template, render_job_url
 
 BACKENDS = BACKEND_NAMES
+NCCL_IB_EXTRA = "nccl_ib_env"
+NCCL_IB_NAME = re.compile(r"^NCCL_IB_[A-Z0-9_]+$")
+
+
+def check_nccl_ib_env(value: object) -> str | None:
+    """What is wrong with a ``nccl_ib_env`` extra (None: fine)."""
+    if not isinstance(value, dict):
+        return f'is {value!r:.60}; give an object of NCCL_IB_* names and string values, e.g. {{"NCCL_IB_HCA": "mlx5"}}'
+    wrong = [name for name in value if not isinstance(name, str) or not NCCL_IB_NAME.match(name)]
+    if wrong:
+        return f"names {wrong[0]!r}; it holds NCCL_IB_* variables only (NCCL_IB_ and capitals, digits, _)"
+    bad = [name for name, text in value.items() if not isinstance(text, str)]
+    if bad:
+        return f'gives {bad[0]} the value {value[bad[0]]!r:.40}; give strings, e.g. "3"'
+    return None
 
 
 class MPIJobHook(BaseHook):
@@ -100,10 +117,25 @@ class MPIJobHook(BaseHook):
                 namespace=extras.get("namespace"),
                 kind=KUBERNETES_KINDS[kind],
                 api_timeout=self._seconds(extras, "api_timeout", API_TIMEOUT),
+                platform_env=self._nccl_ib_env(extras),
             )
         raise BackendUnavailable(
             f"{self._named}: backend {kind!r} is unknown; set its extra 'backend' to one of {', '.join(BACKENDS)}"
         )
+
+    def _nccl_ib_env(self, extras: dict[str, Any]) -> dict[str, str]:
+        """``nccl_ib_env``: the ``NCCL_IB_*`` variables this cluster's InfiniBand needs, written
+        into every pod (as the training platform writes them; a job's spec may not)."""
+        value = extras.get(NCCL_IB_EXTRA) or {}
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = None
+        problem = check_nccl_ib_env(value)
+        if problem or not isinstance(value, dict):
+            raise BackendUnavailable(f"{self._named}: extra {NCCL_IB_EXTRA!r} {problem}")
+        return {str(name): str(text) for name, text in value.items()}
 
     def _seconds(self, extras: dict[str, Any], key: str, default: float) -> float:
         value = extras.get(key, default)

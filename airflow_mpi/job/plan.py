@@ -7,7 +7,7 @@ computes names, env, files or command lines itself, so both backends run the sam
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
@@ -118,6 +118,15 @@ def render_plan(
         mpiexec_argv=tuple(build_mpiexec_argv(spec, topology, paths)),
         paths=paths,
     )
+
+
+def render_with_platform_env(plan: JobPlan, platform_env: Mapping[str, str]) -> JobPlan:
+    """``plan`` with the variables the platform writes into every pod (a cluster's ``NCCL_IB_*``,
+    from its ``mpi`` connection), over nothing of the job's: the spec may not name them."""
+    if not platform_env:
+        return plan
+    pods = tuple(replace(pod, env={**pod.env, **platform_env}) for pod in plan.pods)
+    return replace(plan, pods=pods)
 
 
 def _check_config_size(config_files: Mapping[str, str]) -> None:

@@ -2,9 +2,11 @@
 
 The plain pods backend starts, follows, reattaches to and tears down a job with exactly the
 permissions of ``POD_BACKEND_RULES`` (the Role docs/guides/rbac.md tells users to bind; a test
-keeps the two equal). The backend asks the API server once, before it creates anything, what its
-credentials may do (a SelfSubjectRulesReview), so a Role without one of those verbs fails the
-task at once, naming the verb, instead of at teardown with the job's objects left behind.
+keeps the two equal); each other kind, and each gang setting, adds its own (``KIND_RULES``,
+``GANG_RULES``: the same guide's table, kept equal by a test too). The backend asks the API
+server once, before it creates anything, what its credentials may do (a SelfSubjectRulesReview),
+so a Role without one of those verbs fails the task at once, naming the verb, instead of mid-job
+or at teardown with the job's objects left behind.
 """
 
 from __future__ import annotations
@@ -39,6 +41,44 @@ POD_BACKEND_RULES: tuple[dict[str, list[str]], ...] = (
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
 )
+
+
+# What each kind adds to the Role (its top object; an MPIJob's controller takes over our Secret
+# and ConfigMap, made before it, as their owner: they are updated).
+KIND_RULES: dict[str, tuple[dict[str, list[str]], ...]] = {
+    "pods": (),
+    "volcano": (
+        {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},
+    ),
+    "mpijob": (
+        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},
+        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
+    ),
+}
+# What each gang setting adds: the group object the job creates (Kueue makes its Workload itself:
+# the job reads and removes it).
+GANG_RULES: dict[str, tuple[dict[str, list[str]], ...]] = {
+    "volcano": (
+        {
+            "apiGroups": ["scheduling.volcano.sh"],
+            "resources": ["podgroups"],
+            "verbs": ["create", "get", "list", "delete"],
+        },
+    ),
+    "coscheduling": (
+        {
+            "apiGroups": ["scheduling.x-k8s.io"],
+            "resources": ["podgroups"],
+            "verbs": ["create", "get", "list", "delete"],
+        },
+    ),
+    "kueue": ({"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "delete"]},),
+}
+
+
+def build_job_rules(kind: str, gang: str | None) -> tuple[dict[str, list[str]], ...]:
+    """Every rule a job of ``kind`` (and ``gang``, if any) needs: the base Role and what they add."""
+    return (*POD_BACKEND_RULES, *KIND_RULES[kind], *(GANG_RULES[gang] if gang else ()))
 
 
 def build_permissions(rules: Iterable[Mapping[str, Any]]) -> tuple[Permission, ...]:

@@ -35,6 +35,7 @@ from airflow_mpi.kinds.mpijob import (
     render_mpijob_plan,
     without_cleanup_kills,
 )
+from airflow_mpi.kinds.permissions import Permission, build_job_rules, build_permissions
 from airflow_mpi.kinds.volcano import (
     VOLCANO_JOB,
     describe_volcano_wait,
@@ -99,6 +100,11 @@ class JobKind:
     def config_map_name(self, job_name: str) -> str:
         """The job's own ConfigMap (the launch script, the hostfile; the live log's shown mark)."""
         return config_map_name(job_name)
+
+    def permissions(self, spec: MPIJobSpec) -> tuple[Permission, ...]:
+        """Every verb a job of this kind with ``spec`` needs, checked before anything is created."""
+        gang = spec.scheduling.gang
+        return build_permissions(build_job_rules(self.name, gang.value if gang is not None else None))
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
         return render_plan(spec, identity)

@@ -46,7 +46,15 @@ RELEASES = {"3.0.6": "2025-10-01", "3.3.2": "2026-10-01"}
 FORM_FROM_WIDGETS = {"3.0.6"}
 UV = Path(sys.executable).parent / "uv"
 URL_TEMPLATE = "https://dash.example/{namespace}/{job}?try={try_number}"
-FORM_FIELDS = ["api_timeout", "backend", "job_url_template", "kubernetes_conn_id", "namespace", "state_dir"]
+FORM_FIELDS = [
+    "api_timeout",
+    "backend",
+    "job_url_template",
+    "kubernetes_conn_id",
+    "namespace",
+    "nccl_ib_env",
+    "state_dir",
+]
 
 DAG = """
 import os, sys

@@ -19,6 +19,7 @@ from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import MPIJobError
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.kinds.permissions import build_job_rules
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
@@ -109,6 +110,42 @@ def test_each_verb_of_the_readme_role_is_needed(
     assert f"add `{verb}` on `{resource}`" in message, message
     assert "checked before anything was created" in message
     assert job_objects(cluster.api(), namespace) == []
+
+
+# A verb each backend, or gang setting, adds to the Role (docs/guides/rbac.md): taken away, the
+# job fails naming it before anything is created, as for the Role's own verbs.
+ADDED = [
+    ("volcano", None, "jobs", "create"),
+    ("mpijob", None, "mpijobs", "delete"),
+    ("mpijob", None, "secrets", "update"),
+    ("pods", {"gang": "volcano"}, "podgroups", "create"),
+    ("pods", {"gang": "kueue", "queue": "training"}, "workloads", "delete"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "scheduling", "resource", "verb"), ADDED, ids=[f"{k}-{r}-{v}" for k, _, r, v in ADDED]
+)
+def test_each_verb_a_backend_or_gang_adds_is_checked_before_anything_is_created(
+    cluster: Cluster, refused_namespace: str, tmp_path: Path, kind: str, scheduling: Any, resource: str, verb: str
+) -> None:
+    namespace = refused_namespace
+    gang = scheduling["gang"] if scheduling else None
+    rules = without([dict(rule) for rule in build_job_rules(kind, gang)], resource, verb)
+    kubeconfig = cluster.service_account_kubeconfig(namespace, "airflow-worker", rules, tmp_path / "sa.kubeconfig")
+    backend = KubernetesBackend(api_client=api_client(kubeconfig), namespace=namespace, kind=kind)
+    spec = make_plan(namespace, **({"scheduling": scheduling} if scheduling else {})).spec
+    plan = backend.kind.render_plan(spec, RunIdentity("secdag", "train", f"r-{time.monotonic_ns()}"))
+    with pytest.raises(MPIJobError) as caught:
+        JobRunner(backend, plan, Log()).run()
+    message = str(caught.value)
+    assert f"cannot `{verb}` `{resource}` in namespace {namespace}" in message, message
+    assert "checked before anything was created" in message
+    assert job_objects(cluster.api(), namespace) == []
+    tops = {"volcano": "/apis/batch.volcano.sh/v1alpha1", "mpijob": "/apis/kubeflow.org/v2beta1"}
+    if kind in tops:  # the top object was not created either (its CRD is there: the controllers' tier)
+        plural = "jobs" if kind == "volcano" else "mpijobs"
+        assert cluster.api().get(f"{tops[kind]}/namespaces/{namespace}/{plural}")["items"] == []
 
 
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}

@@ -8,17 +8,45 @@ from typing import Any
 import pytest
 
 from airflow_mpi.kinds.permissions import (
+    GANG_RULES,
+    KIND_RULES,
     POD_BACKEND_RULES,
     Permission,
     build_permissions,
     missing_permissions,
     render_missing,
 )
-from tests.documented import documented_role_rules
+from tests.documented import documented_added_rules, documented_role_rules
 
 
 def test_the_documented_role_is_what_the_backend_checks_for() -> None:
     assert sorted(build_permissions(documented_role_rules())) == sorted(build_permissions(POD_BACKEND_RULES))
+
+
+def test_what_the_guide_says_each_backend_and_gang_adds_is_what_is_checked() -> None:
+    documented = documented_added_rules()
+    connection_names = {"volcano": "volcano", "mpijob": "mpijob"}  # the kinds with rules of their own
+    expected = {f"backend: {connection_names[k]}": rules for k, rules in KIND_RULES.items() if rules}
+    expected.update({f"gang: {gang}": rules for gang, rules in GANG_RULES.items()})
+    assert set(documented) == set(expected)
+    for name, rules in expected.items():
+        assert sorted(build_permissions(documented[name])) == sorted(build_permissions(rules)), name
+
+
+def test_each_kind_checks_the_role_and_what_it_and_its_gang_add() -> None:
+    from airflow_mpi.kinds.strategy import job_kind
+    from airflow_mpi.spec import MPIJobSpec
+
+    base = set(build_permissions(POD_BACKEND_RULES))
+    plain = MPIJobSpec.from_dict({"name": "p", "command": ["true"]})
+    gang = MPIJobSpec.from_dict({"name": "p", "command": ["true"], "scheduling": {"gang": "coscheduling"}})
+    assert set(job_kind("pods").permissions(plain)) == base
+    assert set(job_kind("pods").permissions(gang)) - base == {
+        Permission("scheduling.x-k8s.io", "podgroups", verb) for verb in ("create", "get", "list", "delete")
+    }
+    assert Permission("kubeflow.org", "mpijobs", "create") in job_kind("mpijob").permissions(plain)
+    assert Permission("", "secrets", "update") in job_kind("mpijob").permissions(plain)
+    assert Permission("batch.volcano.sh", "jobs", "delete") in job_kind("volcano").permissions(plain)
 
 
 EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
