@@ -13,12 +13,17 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help setup system demo test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down
+.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-system: ## apt packages (sshd, Open MPI, iproute2, Python's venv) and the pod contract's directories
+# Every local pod gets an empty /tmp of its own: ranks could not run a checkout's .venv from there.
+checkout:
+	@case "$(CURDIR)/" in /tmp/*) echo "this checkout is under /tmp ($(CURDIR)): every local pod gets an empty" \
+		"/tmp of its own, so its ranks could not run .venv from here; clone it elsewhere, e.g. /var/tmp or /srv" >&2; exit 2;; esac
+
+system: checkout ## apt packages (sshd, Open MPI, iproute2, Python's venv) and the pod contract's directories
 	@docker/install-runtime.sh --system
 	@# Debian's python3 comes without its venv module (and a minimal image without python3)
 	@if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
@@ -42,6 +47,11 @@ $(AIRFLOW_HOME)/airflow.db: $(STAMP)
 
 demo: setup $(AIRFLOW_HOME)/airflow.db ## run the example DAG (3-rank DeepSpeed on the local backend)
 	$(BIN)/airflow dags test mpi_training_pipeline $(shell date -u +%Y-%m-%dT%H:%M:%S+00:00)
+
+DAG ?=
+dag-test: setup $(AIRFLOW_HOME)/airflow.db ## run one DAG of dags/ once: make dag-test DAG=digits
+	@test -n "$(DAG)" || { echo "dag-test: name the DAG, e.g. make dag-test DAG=digits" >&2; exit 2; }
+	$(BIN)/airflow dags test $(DAG) $(shell date -u +%Y-%m-%dT%H:%M:%S+00:00)
 
 lint: $(STAMP) ## ruff, format check, mypy (strict core), import contract, shellcheck
 	$(BIN)/ruff check .
@@ -95,6 +105,9 @@ bench: setup ## every figure beside its baseline: bench/results.json, a table, t
 # The timeout only catches a hung benchmark.
 bench-quick: setup ## the benchmarks at small sizes (under 2 minutes): bench/results.json and a table
 	PYTHONPATH=$(CURDIR) timeout 300 $(PY) bench/run.py --quick
+
+reference: $(STAMP) ## rewrite the generated reference pages in docs/ from the code (committed, checked by the tests)
+	@PYTHONPATH=$(CURDIR) $(PY) docs/hooks.py
 
 docs: $(STAMP) ## the documentation site into .site/ (strict: any warning or broken internal link fails)
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet

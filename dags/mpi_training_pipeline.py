@@ -4,10 +4,12 @@ Runs as is on one machine (the local backend: real sshd and Open MPI in namespac
 
     make demo        # or: airflow dags test mpi_training_pipeline
 
-On Kubernetes, create a connection ``mpi_default`` of type ``mpi`` with extra
-``{"backend": "kubernetes"}``, build the image in docker/, and point ``MPI_DEMO_IMAGE``,
-``MPI_DEMO_SCRIPT`` (the script's path in the image) and ``MPI_DEMO_DATA`` (a directory every
-node and the Airflow workers share) at it: the DAG itself does not change.
+On Kubernetes (docs/guides/kubernetes-walkthrough.md, step by step): a connection ``mpi_default``
+of type ``mpi`` with extra ``{"backend": "kubernetes", ...}``, the image of docker/, and in the
+Airflow workers' environment ``MPI_DEMO_IMAGE`` (that image), ``MPI_DEMO_SCRIPT`` (the script's
+path in it: ``/app/train_digits.py``), ``MPI_DEMO_DATA`` (where the data lives, e.g. ``/data``)
+and ``MPI_DEMO_PVC`` (the PersistentVolumeClaim mounted there, in the pods and the Airflow
+workers; without it, a hostPath of that directory): the DAG itself does not change.
 Each run works in its own data directory, so retraining, backfills and two runs at once never
 share files. Training saves a checkpoint there every epoch; a retry (a lost worker, a preempted
 node) resumes from the newest one instead of starting over.
@@ -25,6 +27,11 @@ from airflow.sdk import DAG, Param, task
 from airflow_mpi.operators.mpi import MPIJobOperator
 
 DATA_ROOT = os.environ.get("MPI_DEMO_DATA", "/var/tmp/airflow-mpi-demo")
+# On Kubernetes, the data on a PersistentVolumeClaim (ReadWriteMany) that every pod mounts at
+# DATA_ROOT, as the Airflow workers do (restricted namespaces refuse hostPath volumes).
+DATA_CLAIM = os.environ.get("MPI_DEMO_PVC")
+DATA_VOLUME = {"name": "data", "mount_path": DATA_ROOT}
+DATA_VOLUME.update({"persistent_volume_claim": DATA_CLAIM} if DATA_CLAIM else {"host_path": DATA_ROOT})
 IMAGE = os.environ.get("MPI_DEMO_IMAGE", "airflow-mpi/train:0.1")
 TRAIN_SCRIPT = os.environ.get("MPI_DEMO_SCRIPT", str(Path(__file__).parent / "scripts" / "train_digits.py"))
 # On Kubernetes, MPI_DEMO_DEFERRABLE=1 waits in the triggerer instead of a worker slot.
@@ -90,7 +97,7 @@ with DAG(
             "mpi": {"btl": "tcp,self"},
             "timeout": 900,
             "startup_timeout": 120,
-            "pod": {"volumes": [{"name": "data", "host_path": DATA_ROOT, "mount_path": DATA_ROOT}]},
+            "pod": {"volumes": [DATA_VOLUME]},
         },
         deferrable=DEFERRABLE,
         # A retry is a new job on the same run directory: it resumes from the newest checkpoint.
@@ -105,7 +112,6 @@ with DAG(
 
         import numpy as np
         import torch
-        from airflow.sdk.exceptions import AirflowFailException
 
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
         model.load_state_dict(torch.load(Path(run_dir) / "model.pt"))
@@ -121,7 +127,7 @@ with DAG(
             "test accuracy %.4f (training reported %s)", accuracy, reported.get("test_accuracy")
         )
         if accuracy < MIN_ACCURACY:
-            raise AirflowFailException(f"test accuracy {accuracy:.4f} is below {MIN_ACCURACY}")
+            raise ValueError(f"test accuracy {accuracy:.4f} is below {MIN_ACCURACY}")
         return accuracy
 
     run_dir >> train

@@ -1,4 +1,6 @@
-"""MkDocs hook: the reference pages, generated from the code at every build so they cannot drift.
+"""The reference pages, generated from the code and committed, so they read in the repository as
+in the site; ``python docs/hooks.py`` (``make reference``) writes them, and the site's build
+(this file is its MkDocs hook) and ``tests/unit/test_docs_pages.py`` fail while one is stale.
 
 - ``reference/spec.md``: every job spec field with its type, default, meaning (the field's
   docstring in ``airflow_mpi.spec``) and rules (what the validator answers when the field is given
@@ -9,6 +11,8 @@
 
 ``mkdocs build --strict`` runs it (``make docs``); ``tests/integration/test_docs_site.py`` builds
 the site and checks these pages hold every field, option and cause.
+
+    python docs/hooks.py    # rewrite the generated pages from the code
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-GENERATED = "<!-- generated from the code at build time (docs/hooks.py): edit the code, not this page -->"
+GENERATED = "<!-- generated from the code by docs/hooks.py (make reference): edit the code, not this page -->"
 
 # The spec's sections: (path, type, how a bad value is placed in a valid spec).
 VALID_SPEC: dict[str, Any] = {"name": "doc", "command": ["python", "train.py"], "workers": {"replicas": 1}}
@@ -36,18 +40,34 @@ VALID_VOLUME = {"name": "data", "mount_path": "/data", "empty_dir": True}
 VALID_TOLERATION = {"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}
 
 
-def on_files(files: Any, config: Any) -> Any:
-    from mkdocs.structure.files import File
+def on_pre_build(config: Any) -> None:
+    """The site is built from the committed pages: refuse to build it from stale ones."""
+    stale = stale_pages()
+    if stale:
+        from mkdocs.exceptions import PluginError
 
-    for path, render in PAGES.items():
-        files.append(File.generated(config, path, content=render()))
-    return files
+        raise PluginError(f"generated pages out of date: {', '.join(stale)}; run `make reference`")
+
+
+def stale_pages() -> list[str]:
+    """The generated pages whose committed text is not what the code renders now."""
+    pages = {path: REPO / "docs" / path for path in PAGES}
+    return [path for path, page in pages.items() if not page.is_file() or page.read_text() != PAGES[path]()]
+
+
+def write_pages() -> list[str]:
+    """Write every generated page; the ones that changed."""
+    changed = stale_pages()
+    for path in changed:
+        (REPO / "docs" / path).write_text(PAGES[path]())
+    return changed
 
 
 def render_image_guide() -> str:
     """``docker/README.md`` (beside the Dockerfile it explains), its links made the site's."""
     text = (REPO / "docker" / "README.md").read_text()
-    return text.replace("](../docs/", "](../").replace("](Dockerfile)", "](#the-training-image)")
+    text = text.replace("](../docs/", "](../").replace("](Dockerfile)", "](#the-training-image)")
+    return f"{GENERATED}\n\n{text}"
 
 
 # --- the job spec ---------------------------------------------------------------------------
@@ -335,12 +355,18 @@ def render_failures_reference() -> str:
         "",
     ]
     for failure in KNOWN_FAILURES:
-        out += [f"## {failure.summary} {{#{failure.cause.value}}}", ""]
-        out += [f"**Fix:** {failure.fix}", ""]
+        out += [f"## {prose(failure.summary)} {{#{failure.cause.value}}}", ""]
+        out += [f"**Fix:** {prose(failure.fix)}", ""]
         out += [f"The rule: [pod contract](../contract.md#{failure.anchor}). Recognised in output lines matching:", ""]
         out += [f"- `{pattern.pattern}`" for pattern in failure.patterns]
         out.append("")
     return "\n".join(out)
+
+
+def prose(text: str) -> str:
+    """A message as Markdown text: ``<job>`` outside code spans would be read as an HTML tag."""
+    parts = text.split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;").replace(">", "&gt;") for i, part in enumerate(parts))
 
 
 PAGES: dict[str, Callable[[], str]] = {
@@ -350,3 +376,8 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/failures.md": render_failures_reference,
     "guides/image.md": render_image_guide,
 }
+
+
+if __name__ == "__main__":
+    written = write_pages()
+    print("docs/hooks.py: " + (f"wrote {', '.join(written)}" if written else "every generated page is current"))

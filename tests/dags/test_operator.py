@@ -136,8 +136,7 @@ def test_the_configured_default_gives_way_on_the_local_backend_but_an_explicit_t
 ) -> None:
     """The local backend's pods live in the worker process: a task deferred only because of the
     configured default waits in the worker (and says so); one that asked to defer fails at once."""
-    from airflow.sdk.exceptions import AirflowFailException
-
+    from airflow_mpi.compat import AirflowFailException
     from airflow_mpi.operators.mpi import MPIJobOperator
 
     monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")

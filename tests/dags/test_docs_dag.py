@@ -1,0 +1,61 @@
+"""The DAG the README and the getting-started page show, taken from their own text and run as
+written (``dag.test()``, the local backend): saved beside the checkout's ``scripts/`` as the pages
+say, it preprocesses, trains on three ranks and evaluates, with the warning that the missing
+``mpi_default`` connection means the local backend."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.airflow_helpers import task_states, xcom
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
+
+
+def dag_block(page: Path, heading: str) -> str:
+    """The first Python block after ``heading`` on ``page``."""
+    text = page.read_text()
+    found = re.search(r"```python\n(.*?)```", text[text.index(heading) :], flags=re.S)
+    assert found, f"{page.name}: no Python block after {heading!r}"
+    return found.group(1)
+
+
+def test_the_readme_and_getting_started_show_the_same_dag() -> None:
+    assert dag_block(REPO / "README.md", "## A DAG") == dag_block(REPO / "docs/getting-started.md", "## Your first DAG")
+
+
+@pytest.fixture
+def dags_folder(tmp_path: Path) -> Iterator[Path]:
+    """A DAGs folder as the pages describe the checkout's: the DAG file beside ``scripts/``.
+    Not under /tmp: the ranks run the training script from it."""
+    folder = Path("/var/tmp/airflow-mpi-tests") / f"docs-dag-{tmp_path.name}"
+    shutil.copytree(REPO / "dags" / "scripts", folder / "scripts")
+    (folder / "digits.py").write_text(dag_block(REPO / "README.md", "## A DAG"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_documented_dag_runs_as_written(
+    airflow_db: None, dags_folder: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.delenv("AIRFLOW_CONN_MPI_DEFAULT")  # as on a fresh install: no connection at all
+    bag = DagBag(dag_folder=str(dags_folder))
+    assert not bag.import_errors, bag.import_errors
+    dag_run: Any = bag.get_dag("digits").test()
+    out = capfd.readouterr().out
+    try:
+        assert task_states(dag_run) == {"preprocess": "success", "train": "success", "evaluate": "success"}, out[-4000:]
+        assert xcom(dag_run, "evaluate") >= 0.85
+        assert "No connection 'mpi_default': this job runs on the local backend" in out
+        assert re.search(r"<stdout>:epoch 12/12 loss", out), out[-3000:]  # the ranks' lines, live
+    finally:
+        shutil.rmtree(xcom(dag_run, "preprocess"), ignore_errors=True)  # the run's data folder
