@@ -9,7 +9,8 @@ apiserver's ``/containerLogs`` requests (follow, timestamps, sinceTime, sinceSec
 limitBytes, previous), with a client certificate required.
 
 Per pod: env (values, downward API, secretKeyRef, configMapKeyRef, envFrom, resourceFieldRef),
-Secret/ConfigMap/downwardAPI/projected (service-account token by TokenRequest)/emptyDir/hostPath
+Secret/ConfigMap/downwardAPI/projected (service-account token by TokenRequest)/emptyDir/hostPath/
+a PersistentVolumeClaim bound to a hostPath or local PersistentVolume
 volumes with their modes, ``<hostname>.<subdomain>[.<ns>.svc[.cluster.local]]`` names, tcpSocket
 and exec readiness probes, restartPolicy, activeDeadlineSeconds, graceful deletion (SIGTERM,
 grace, SIGKILL, terminated statuses, then the final DELETE with a uid precondition), node-pressure
@@ -517,6 +518,8 @@ class PodRunner:
                     _apply_fs_group(path, int(fs_group), read_only=False)
             elif "hostPath" in volume:
                 path = Path(volume["hostPath"]["path"])
+            elif "persistentVolumeClaim" in volume:
+                path = self._claimed_path(volume["persistentVolumeClaim"]["claimName"])
             else:
                 self._materialize(volume, path)
             if volume_mount.get("subPath"):
@@ -570,6 +573,19 @@ class PodRunner:
                     raise
                 if self.deleting.wait(0.2):
                     raise
+
+    def _claimed_path(self, claim: str) -> Path:
+        """The directory of the PersistentVolume bound to ``claim``: the kinds a node holds on its
+        own disk (``hostPath``, ``local``), as the kubelet mounts them."""
+        pvc = self._referenced("persistentvolumeclaims", claim)
+        volume_name = (pvc or {}).get("spec", {}).get("volumeName")
+        if not volume_name:
+            raise _NotFound(f'persistentvolumeclaim "{claim}" not found or not bound')
+        pv = self.node.api.get_or_none(f"/api/v1/persistentvolumes/{volume_name}") or {}
+        source = pv.get("spec", {}).get("hostPath") or pv.get("spec", {}).get("local")
+        if not source:
+            raise _NotFound(f'persistentvolume "{volume_name}" is neither hostPath nor local')
+        return Path(source["path"])
 
     def _object_files(self, source: Obj, secret: bool) -> list[tuple[str, bytes, int]]:
         name = source["secretName"] if secret else source["name"]

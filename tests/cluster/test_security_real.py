@@ -183,3 +183,57 @@ def test_a_run_as_user_job_runs_in_a_restricted_namespace(cluster: Cluster, user
         assert job_objects(cluster.api(), namespace) == []
     finally:
         cluster.delete_namespace(namespace, wait=0)
+
+
+def documented_manifest(kind: str) -> dict[str, Any]:
+    """The first manifest of ``kind`` on the RBAC guide, as a user copies it."""
+    import re
+
+    import yaml
+
+    from tests.documented import RBAC_GUIDE
+
+    for block in re.findall(r"```yaml\n(.*?)```", RBAC_GUIDE.read_text(), flags=re.S):
+        doc = yaml.safe_load(block)
+        if isinstance(doc, dict) and doc.get("kind") == kind:
+            return doc
+    raise LookupError(kind)
+
+
+def test_the_guides_role_and_rolebinding_let_the_worker_and_the_triggerer_run_a_job(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The Role and the RoleBinding as the RBAC guide prints them (its namespaces replaced by the
+    test's), applied to the real API server: the worker's service account runs a job through, and
+    the triggerer's holds every verb the backend checks."""
+    api = cluster.api()
+    home = f"airflow-{namespace}"  # where Airflow's service accounts live
+    cluster.create_namespace(home)
+    try:
+        role, binding = documented_manifest("Role"), documented_manifest("RoleBinding")
+        role["metadata"]["namespace"] = binding["metadata"]["namespace"] = namespace
+        for subject in binding["subjects"]:
+            subject["namespace"] = home
+        api.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles", role)
+        api.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", binding)
+        kubeconfigs = {}
+        for subject in binding["subjects"]:
+            name = subject["name"]
+            api.create(f"/api/v1/namespaces/{home}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                                       "metadata": {"name": name}})  # fmt: skip
+            token = api.create(f"/api/v1/namespaces/{home}/serviceaccounts/{name}/token", {
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600},
+            })["status"]["token"]  # fmt: skip
+            assert cluster.plane.pki is not None
+            kubeconfigs[name] = cluster.plane.pki.kubeconfig(tmp_path / f"{name}.kubeconfig", cluster.plane.server,
+                                                             f"{home}-{name}", token=token)  # fmt: skip
+        assert set(kubeconfigs) == {"airflow-worker", "airflow-triggerer"}
+        worker = KubernetesBackend(api_client=api_client(kubeconfigs["airflow-worker"]), namespace=namespace)
+        log = Log()
+        result = JobRunner(worker, make_plan(namespace), log).run()
+        assert result.exit_code == 0 and result.result == {"uid": 0, "size": 2}, log
+        triggerer = KubernetesBackend(api_client=api_client(kubeconfigs["airflow-triggerer"]), namespace=namespace)
+        triggerer.check_permissions(namespace, make_plan(namespace).spec)  # raises, naming a verb it lacks
+        assert job_objects(api, namespace) == []
+    finally:
+        cluster.delete_namespace(home, wait=0)
