@@ -6,8 +6,9 @@ Task SDK in 3.2, ``BaseHook`` reached ``airflow.sdk`` in 3.1, and the async conn
 reached the common compat provider in 3.1. One version check per difference, decided once at
 import, so a DAG file that imports the provider never fails on an older release.
 
-Two things have no public API at all; both are checked against the releases the compatibility
-tier runs (``tests/compat``) and fall back to plain, tested behaviour anywhere else:
+Two things have no public API at all; both are checked on the releases the compatibility tier
+runs (``tests/cluster/test_airflow_releases.py``) and fall back to plain, tested behaviour
+anywhere else:
 
 - ``store_link``: the "MPI job" link written to the metadata database while the job runs (as
   Airflow writes extra links when a task ends), else through the task instance's XCom push.

@@ -6,7 +6,8 @@ checkout: it imports nothing from ``tests``), by ``test_airflow_releases.py``:
 ``dags``: the compat DAG through ``dag.test()`` against the real control plane (the connection
 ``mpi_compat``): the results, the task states and each task's stored "MPI job" link;
 ``reattach``: a first try SIGKILLed mid-run, a second that reattaches; ``form``: the connection
-form's fields as this release's ProvidersManager reads them. Prints one JSON line, last.
+form's fields as this release's ProvidersManager reads them; ``socket``: the trigger runner's log
+socket found behind this release's logging setup. Prints one JSON line, last.
 """
 
 from __future__ import annotations
@@ -143,10 +144,31 @@ def check_form() -> dict[str, Any]:
     }
 
 
+def check_log_socket() -> dict[str, Any]:
+    """As this release's trigger runner sets up its logging (``configure_logging`` over the log
+    socket its supervisor passes; its first argument was renamed in 3.1): does the log channel
+    find that socket?"""
+    import socket
+
+    from airflow.sdk.log import configure_logging
+
+    from airflow_mpi.compat import LOG_SOCKET_CHECKED, trigger_log_fd
+
+    runner, _supervisor = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # the supervisor's end stays open
+    log_io = os.fdopen(os.dup(runner.fileno()), "wb", buffering=0)
+    try:
+        configure_logging(json_output=True, output=log_io, sending_to_supervisor=True)
+    except TypeError:  # Airflow 3.0
+        configure_logging(enable_pretty_log=False, output=log_io, sending_to_supervisor=True)
+    fd = trigger_log_fd()
+    found = fd is not None and os.path.samestat(os.fstat(fd), os.fstat(runner.fileno()))
+    return {"checked": LOG_SOCKET_CHECKED, "found": found}
+
+
 def main(what: str, *args: str) -> None:
     import airflow
 
-    checks = {"dags": check_dags, "reattach": check_reattach, "form": check_form}
+    checks = {"dags": check_dags, "reattach": check_reattach, "form": check_form, "socket": check_log_socket}
     result = checks[what](*args)
     result["airflow"] = airflow.__version__
     print("RELEASE-CHECK " + json.dumps(result, default=str), flush=True)

@@ -7,7 +7,8 @@ control plane:
 - the DAG imports; ``MPIJobOperator`` waiting and deferrable, the deferred one's lines shown live
   by its trigger; ``@task.mpi`` unmapped and as a mapped sweep; the "MPI job" link stored for each;
 - a retry after the first try was SIGKILLed reattaches and its log goes on where it stopped;
-- the connection form's fields as that release's ProvidersManager reads them;
+- the connection form's fields as that release's ProvidersManager reads them; the trigger
+  runner's log socket found behind that release's logging setup;
 - the ``airflow-mpi`` command line.
 
 Nothing of this checkout is on those interpreters' path (``release_check.py`` runs from the
@@ -188,6 +189,9 @@ def test_the_provider_runs_on_the_oldest_and_newest_airflow_it_declares(
     assert form["hook"] == "MPI job backend" and form["testable"]
     assert form["fields"] == FORM_FIELDS, form
     assert form["hidden"] == ["extra", "host", "login", "password", "port", "schema"], form
+
+    channel, _ = check(root, env, "socket")  # the deferred log's non-blocking channel finds its socket
+    assert channel == {"checked": True, "found": True, "airflow": version}, channel
 
     cli = run(root, env, "airflow-mpi", "--version")
     assert cli.returncode == 0 and __version__ in cli.stdout, cli.stdout + cli.stderr
