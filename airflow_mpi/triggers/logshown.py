@@ -60,7 +60,7 @@ class ShownLines:
             self._give_up("read", error)
             return 0
         found = parse_shown_mark(self._object["metadata"].get("annotations"))
-        self.lines = found.lines if found is not None else 0
+        self.lines = found.lines if found is not None else 0  # known even where it cannot be written
         await self.mark(self.lines)
         return self.lines
 
@@ -79,6 +79,8 @@ class ShownLines:
             if found is not None and found.owner != self.owner and self._claimed:
                 self.lost = True
                 return False
+            if found is not None and not self._claimed:  # a claim: the newest count (the last
+                lines = max(lines, found.lines)  # owner may have marked more since it was read)
             metadata["annotations"] = {
                 **(metadata.get("annotations") or {}),
                 SHOWN_ANNOTATION: ShownMark(lines, self.owner, self.try_number).render(),

@@ -188,3 +188,30 @@ def test_a_mark_edited_into_something_else_is_not_read() -> None:
     assert parse_shown_mark(None) is None
     mark = ShownMark(3, "h:1:ab", 2)
     assert parse_shown_mark({SHOWN_ANNOTATION: mark.render()}) == mark
+
+
+def test_a_claim_that_meets_a_newer_mark_counts_from_it(double: KubeDouble, config_map: str) -> None:
+    """The trigger that is taken over marks on between the new one's read and its write: the claim
+    conflicts, reads again, and counts from the newer mark (never back to what it read first)."""
+
+    async def body(api_client: Any) -> tuple[int, int]:
+        old = ShownLines(api_client, "default", config_map, 1)
+        await old.claim(log)
+        await old.mark(10)
+        new = ShownLines(api_client, "default", config_map, 1)
+        real_replace = new._replace
+        raced = []
+
+        async def replace_after_the_old_one_marked() -> dict[str, Any]:
+            if not raced:  # the old trigger writes first: our write conflicts
+                raced.append(True)
+                await old.mark(25)
+            return await real_replace()
+
+        new._replace = replace_after_the_old_one_marked  # type: ignore[method-assign]
+        return await new.claim(log), new.lines
+
+    shown, lines = asyncio.run(with_client(double, body))
+    assert (shown, lines) == (25, 25)
+    found = annotation(double)
+    assert found is not None and found.lines == 25
