@@ -20,11 +20,13 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from airflow_mpi.observe.lines import LineSplitter
 
 DEFAULT_CONN_ID = "kubernetes_default"
 
@@ -173,3 +175,15 @@ async def raise_for_status(response: Any) -> None:
     error.body, error.headers = await response.read(), response.headers
     response.release()
     raise error
+
+
+async def watch_events(response: Any) -> AsyncGenerator[dict[str, Any], None]:
+    """The events of a watch response (one JSON object a line; no cap: the API server bounds them)."""
+    lines = LineSplitter(max_bytes=None)
+    async for chunk in response.content.iter_any():
+        for line in lines.feed(chunk):
+            if line.strip():
+                yield json.loads(line)
+    for line in lines.flush():
+        if line.strip():
+            yield json.loads(line)

@@ -39,9 +39,13 @@ def trigger_owner() -> str:
 class ShownLines:
     """The mark of one job's log, owned by one trigger."""
 
-    def __init__(self, api_client: Any, namespace: str, config_map: str, try_number: int) -> None:
+    def __init__(
+        self, api_client: Any, namespace: str, config_map: str, try_number: int, *, timeout: float = WRITE_TIMEOUT
+    ) -> None:
         self.api_client, self.namespace, self.config_map = api_client, namespace, config_map
         self.try_number = try_number
+        # A read or write of the mark waits at most this (and never past the API's silence bound).
+        self.request_timeout = (CONNECT_TIMEOUT, min(WRITE_TIMEOUT, timeout))
         self.log: Any = None  # the trigger's: where the one warning goes
         self.owner = trigger_owner()
         self.lines = 0  # what the mark says now
@@ -105,7 +109,7 @@ class ShownLines:
 
     async def _read(self) -> dict[str, Any]:
         response = await self._core().read_namespaced_config_map(
-            self.config_map, self.namespace, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT, WRITE_TIMEOUT)
+            self.config_map, self.namespace, _preload_content=False, _request_timeout=self.request_timeout
         )
         return await _json(response)
 
@@ -116,7 +120,7 @@ class ShownLines:
             self.namespace,
             self._object,
             _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT, WRITE_TIMEOUT),
+            _request_timeout=self.request_timeout,
         )
         return await _json(response)
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -48,14 +47,13 @@ from airflow_mpi.events import (
 )
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.strategy import job_kind
-from airflow_mpi.observe.lines import LineSplitter
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
 from airflow_mpi.observe.output import TAIL_LINES
 from airflow_mpi.observe.queueing import QueueClock
 from airflow_mpi.observe.readiness import probes_from_states, summarize_not_ready
 from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.spec import Role
-from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client
+from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client, watch_events
 from airflow_mpi.triggers.kind_reads import KindReads
 from airflow_mpi.triggers.logwriter import MasterRecords
 
@@ -234,7 +232,9 @@ class MPIJobTrigger(BaseTrigger):
             if self.master_log is not None and self.wait_for == WAIT_FINISHED:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
-                    if self._records is not None:  # the resumed task counts them shown: in the log first
+                    if self._records is not None and outcome.get("unreachable"):
+                        self._records.write_now()  # no mark to wait for: the API does not answer
+                    elif self._records is not None:  # the resumed task counts them shown: in the log first
                         await self._records.written(DRAIN_TIMEOUT)
                 except BaseException:  # cancelled (stopped, moved): what was read goes in, marked
                     if self._records is not None:
@@ -253,14 +253,10 @@ class MPIJobTrigger(BaseTrigger):
 
         assert self.master_log is not None
         view = OutputPlan.from_dict(self.master_log)
-        mark = ShownLines(api_client, self.namespace, self.kind.config_map_name(self.job_name), self.try_number)
-        shown = await mark.claim(self.log)
+        config_map = self.kind.config_map_name(self.job_name)
+        mark = ShownLines(api_client, self.namespace, config_map, self.try_number, timeout=self.api_timeout)
         records = self._records = MasterRecords(lambda: output.lines_read, shown=mark)
-        output = MasterOutput(view, records.info, records.warning, skip_lines=max(self.skip_lines, shown))
-        if shown > self.skip_lines:
-            self.log.info(
-                "airflow-mpi: the job's mark says %d line(s) of %s are shown: going on after them", shown, view.master
-            )
+        output = MasterOutput(view, records.info, records.warning, skip_lines=self.skip_lines)
         self._output = output
         self._master_ended = asyncio.Event()
         follower = MasterLogFollower(
@@ -274,7 +270,7 @@ class MPIJobTrigger(BaseTrigger):
             log=self.log,
             pod=self._master_pod_now,
         )
-        following = asyncio.create_task(follower.run(), name=f"log-{view.master}")
+        following = asyncio.create_task(self._claim_then_follow(mark, follower), name=f"log-{view.master}")
         watching = asyncio.create_task(self._wait(core, api_client), name=f"watch-{self.job_name}")
         try:
             done, _ = await asyncio.wait({following, watching}, return_when=asyncio.FIRST_COMPLETED)
@@ -298,6 +294,19 @@ class MPIJobTrigger(BaseTrigger):
             for task in (following, watching):
                 task.cancel()
             await asyncio.gather(following, watching, return_exceptions=True)
+
+    async def _claim_then_follow(self, mark: Any, follower: Any) -> None:
+        """Take the job's mark over (beside the pod watch: an API that does not answer is the
+        watch's to bound), then follow the log after the lines the mark counts."""
+        shown = await mark.claim(self.log)
+        if shown > follower.output.skip_lines:
+            follower.output.skip_lines = shown
+            self.log.info(
+                "airflow-mpi: the job's mark says %d line(s) of %s are shown: going on after them",
+                shown,
+                follower.master,
+            )
+        await follower.run()
 
     def _rank_outcome(self, failure: Any) -> Outcome:
         return {
@@ -351,7 +360,7 @@ class MPIJobTrigger(BaseTrigger):
             )
             await raise_for_status(response)
             silence.answered()
-            async with response, contextlib.aclosing(_watch_events(response)) as events:
+            async with response, contextlib.aclosing(watch_events(response)) as events:
                 async for event in events:
                     silence.answered()
                     if not loop.apply(event):
@@ -484,15 +493,3 @@ def last_lines(tail: list[str]) -> list[str]:
     """The master's last lines for the event: the resumed task's failure message quotes them
     when the master pod (its log) is gone by then. Bounded: the event is stored."""
     return [line[:TAIL_LINE_CHARS] for line in tail[-TAIL_LINES:]]
-
-
-async def _watch_events(response: Any) -> AsyncGenerator[dict[str, Any], None]:
-    """The events of a watch response (one JSON object a line; no cap: the API server bounds them)."""
-    lines = LineSplitter(max_bytes=None)
-    async for chunk in response.content.iter_any():
-        for line in lines.feed(chunk):
-            if line.strip():
-                yield json.loads(line)
-    for line in lines.flush():
-        if line.strip():
-            yield json.loads(line)

@@ -1,5 +1,5 @@
-"""The compatibility tier: the provider's wheel on the oldest and the newest Airflow release it
-declares (``pyproject.toml``: ``apache-airflow>=3.0,<3.4``), each in a fresh virtualenv with its
+"""The compatibility tier: the provider's wheel on every Airflow minor it declares
+(``pyproject.toml``: ``apache-airflow>=3.0,<3.4``), the newest patch of each, in a fresh virtualenv with its
 dependencies resolved as they stood a month after that release (uv's ``--exclude-newer``, as
 Airflow's constraint files pinned them; those files are not reachable here), against the real
 control plane:
@@ -39,12 +39,12 @@ from tests.distribution import build_distribution
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
-# The oldest and the newest release the package declares, and the day their dependencies are
-# resolved as of (a month after the release: what its constraint files pinned).
-RELEASES = {"3.0.6": "2025-10-01", "3.3.2": "2026-10-01"}
+# Every minor the package declares (its newest patch), and the day its dependencies are resolved
+# as of (about a month after the release: what its constraint files pinned).
+RELEASES = {"3.0.6": "2025-10-01", "3.1.8": "2026-04-01", "3.2.2": "2026-06-01", "3.3.2": "2026-10-01"}
 # Airflow 3.0 and 3.1 build a provider's connection form from WTForms fields, which come with
 # the FAB provider (the usual auth manager there); 3.2 and later read the provider info.
-FORM_FROM_WIDGETS = {"3.0.6"}
+FORM_FROM_WIDGETS = {"3.0.6", "3.1.8"}
 UV = Path(sys.executable).parent / "uv"
 URL_TEMPLATE = "https://dash.example/{namespace}/{job}?try={try_number}"
 FORM_FIELDS = [

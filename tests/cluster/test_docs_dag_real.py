@@ -8,7 +8,6 @@ node agent runs pods as the host's processes, not images: the image's own copy a
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from tests.airflow_helpers import task_states, xcom
 from tests.cluster.cluster import REPO, Cluster
 from tests.cluster.conftest import install_connections, job_objects
-from tests.dags.test_docs_dag import dag_block
+from tests.dags.test_docs_dag import dag_block, save_in_the_dags_folder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.slow]
 CLAIM = "training-data"
@@ -62,12 +61,11 @@ def test_the_documented_dag_trains_on_kubernetes_with_its_data_on_a_claim(
 ) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    folder = Path("/var/tmp/airflow-mpi-tests") / f"docs-dag-{time.monotonic_ns()}"
-    shutil.copytree(REPO / "dags" / "scripts", folder / "scripts")
-    (folder / "digits.py").write_text(kubernetes_variant(dag_block(REPO / "README.md", "## A DAG"), claim))
+    saved = save_in_the_dags_folder(kubernetes_variant(dag_block(REPO / "README.md", "## A DAG"), claim))
+    dag_file = next(saved)
     install_connections(monkeypatch, cluster.kubeconfig, namespace, mpi_conn_id="mpi_default")
     try:
-        bag = DagBag(dag_folder=str(folder))
+        bag = DagBag(dag_folder=str(dag_file))
         assert not bag.import_errors, bag.import_errors
         dag_run: Any = bag.get_dag("digits").test()
         assert task_states(dag_run) == {"preprocess": "success", "train": "success", "evaluate": "success"}
@@ -75,4 +73,4 @@ def test_the_documented_dag_trains_on_kubernetes_with_its_data_on_a_claim(
         assert (Path(xcom(dag_run, "preprocess")) / "model.pt").is_file()  # rank 0 wrote it through the claim
         assert job_objects(cluster.api(), namespace) == []
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        next(saved, None)  # removes the file

@@ -31,24 +31,29 @@ def test_the_readme_and_getting_started_show_the_same_dag() -> None:
     assert dag_block(REPO / "README.md", "## A DAG") == dag_block(REPO / "docs/getting-started.md", "## Your first DAG")
 
 
+def save_in_the_dags_folder(source: str) -> Iterator[Path]:
+    """The DAG saved as the pages say: in the DAGs folder Airflow is given (the suite's copy of
+    the checkout's ``dags/``, beside ``scripts/``; not under /tmp: the ranks run its script)."""
+    from tests.conftest import HOME
+
+    path = HOME / "dags" / "docs_digits.py"
+    path.write_text(source)
+    yield path
+    path.unlink(missing_ok=True)
+
+
 @pytest.fixture
-def dags_folder(tmp_path: Path) -> Iterator[Path]:
-    """A DAGs folder as the pages describe the checkout's: the DAG file beside ``scripts/``.
-    Not under /tmp: the ranks run the training script from it."""
-    folder = Path("/var/tmp/airflow-mpi-tests") / f"docs-dag-{tmp_path.name}"
-    shutil.copytree(REPO / "dags" / "scripts", folder / "scripts")
-    (folder / "digits.py").write_text(dag_block(REPO / "README.md", "## A DAG"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+def dag_file() -> Iterator[Path]:
+    yield from save_in_the_dags_folder(dag_block(REPO / "README.md", "## A DAG"))
 
 
 def test_the_documented_dag_runs_as_written(
-    airflow_db: None, dags_folder: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    airflow_db: None, dag_file: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.delenv("AIRFLOW_CONN_MPI_DEFAULT")  # as on a fresh install: no connection at all
-    bag = DagBag(dag_folder=str(dags_folder))
+    bag = DagBag(dag_folder=str(dag_file))
     assert not bag.import_errors, bag.import_errors
     dag_run: Any = bag.get_dag("digits").test()
     out = capfd.readouterr().out

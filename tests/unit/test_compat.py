@@ -93,8 +93,12 @@ def test_a_link_is_stored_through_the_xcom_push_where_the_database_write_is_gone
     assert pushed == [("mpi_job_link", "https://dash/job")]
 
 
-def test_the_declared_range_is_the_checked_range() -> None:
-    """pyproject's apache-airflow range and the releases the log socket was checked on agree."""
+def test_the_declared_range_is_the_tested_range() -> None:
+    """pyproject's apache-airflow range, the minors the compatibility tier runs and the releases
+    the log socket was checked on agree."""
+    from tests.cluster.test_airflow_releases import RELEASES
+
     pyproject = (ROOT.parent / "pyproject.toml").read_text()
     assert '"apache-airflow>=3.0,<3.4"' in pyproject
+    assert sorted({".".join(version.split(".")[:2]) for version in RELEASES}) == ["3.0", "3.1", "3.2", "3.3"]
     assert compat.LOG_SOCKET_CHECKED
