@@ -41,7 +41,7 @@ def fault_row(request: pytest.FixtureRequest) -> FaultRow:
             "mode": mode,
             "state": state,
             "seconds": round(float(seconds), 2),
-            "message": (str(message).strip().splitlines() or [""])[0][:160],
+            "message": (str(message).strip().splitlines() or [""])[0][:240],  # the fix and its guide too
             "left": list(left),
         }
         target = os.environ.get(ROWS_ENV)
