@@ -28,6 +28,7 @@ from airflow_mpi.hooks.joblink import URL_TEMPLATE_EXTRA, check_url_template, re
 
 BACKENDS = BACKEND_NAMES
 NCCL_IB_EXTRA = "nccl_ib_env"
+_WARNED_MISSING: set[str] = set()  # the missing default connection is warned about once a process
 NCCL_IB_NAME = re.compile(r"^NCCL_IB_[A-Z0-9_]+$")
 
 
@@ -56,7 +57,6 @@ class MPIJobHook(BaseHook):
         # How messages name the connection. A connection test names it "this connection": the
         # UI and the REST API test a copy under a generated id the user has never seen.
         self._named = f"connection {mpi_conn_id!r}"
-        self._warned_default = False
 
     def connection_extras(self) -> dict[str, Any]:
         """The connection's extras; ``{}`` (the local backend) when the default connection does not
@@ -71,8 +71,8 @@ class MPIJobHook(BaseHook):
                 raise
             if self.mpi_conn_id != self.default_conn_name:
                 raise BackendUnavailable(render_missing_connection(self.mpi_conn_id)) from error
-            if not self._warned_default:
-                self._warned_default = True
+            if self.mpi_conn_id not in _WARNED_MISSING:  # once a process: a task's hooks ask again
+                _WARNED_MISSING.add(self.mpi_conn_id)
                 self.log.warning(
                     "No connection %r: this job runs on the local backend, in namespaces on this Airflow "
                     "worker. To run it on Kubernetes, create the connection (%s)",

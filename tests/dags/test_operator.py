@@ -180,8 +180,9 @@ def test_only_the_default_id_falls_back_to_the_local_backend_saying_so(monkeypat
 
     monkeypatch.setattr(MPIJobHook, "log", Log())
     monkeypatch.delenv("AIRFLOW_CONN_MPI_DEFAULT")  # the suite's own: local, with its state folder
+    monkeypatch.setattr("airflow_mpi.hooks.mpi._WARNED_MISSING", set())
     hook = MPIJobHook()
-    assert hook.get_backend().name == "local" and hook.get_backend().name == "local"
+    assert hook.get_backend().name == "local" and MPIJobHook().get_backend().name == "local"
     assert [level for level, text in said if "No connection 'mpi_default': this job runs on the local" in text] == [
         "warning"
     ]
