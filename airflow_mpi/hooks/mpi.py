@@ -3,7 +3,8 @@
 Connection extras: ``backend`` (``local``, ``kubernetes``, ``volcano`` or ``mpijob``), ``kubernetes_conn_id``,
 ``namespace``, ``api_timeout`` (seconds the Kubernetes API may stay silent before a wait gives
 up), ``state_dir``, ``job_url_template`` (the task's "MPI job" link, e.g. a dashboard URL with
-``{namespace}`` and ``{job}``).
+``{namespace}`` and ``{job}``), ``nccl_ib_env`` (the ``NCCL_IB_*`` variables of the cluster's
+InfiniBand, written into every pod).
 
 A connection id that does not exist is an error naming it and how to create it, before anything
 is created: a mistyped ``mpi_conn_id`` must never start sshd and the training on the Airflow
@@ -28,8 +29,8 @@ from airflow_mpi.hooks.joblink import URL_TEMPLATE_EXTRA, check_url_template, re
 
 BACKENDS = BACKEND_NAMES
 NCCL_IB_EXTRA = "nccl_ib_env"
-_WARNED_MISSING: set[str] = set()  # the missing default connection is warned about once a process
 NCCL_IB_NAME = re.compile(r"^NCCL_IB_[A-Z0-9_]+$")
+_WARNED_MISSING: set[str] = set()  # the missing default connection is warned about once a process
 
 
 def check_nccl_ib_env(value: object) -> str | None:

@@ -17,7 +17,7 @@ import pytest
 from tests.airflow_helpers import task_states, xcom
 from tests.cluster.cluster import REPO, Cluster
 from tests.cluster.conftest import install_connections, job_objects
-from tests.dags.test_docs_dag import dag_block, save_in_the_dags_folder
+from tests.dags.test_docs_dag import dag_block, saved_in_the_dags_folder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.slow]
 CLAIM = "training-data"
@@ -61,10 +61,9 @@ def test_the_documented_dag_trains_on_kubernetes_with_its_data_on_a_claim(
 ) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    saved = save_in_the_dags_folder(kubernetes_variant(dag_block(REPO / "README.md", "## A DAG"), claim))
-    dag_file = next(saved)
     install_connections(monkeypatch, cluster.kubeconfig, namespace, mpi_conn_id="mpi_default")
-    try:
+    source = kubernetes_variant(dag_block(REPO / "README.md", "## A DAG"), claim)
+    with saved_in_the_dags_folder(source) as dag_file:
         bag = DagBag(dag_folder=str(dag_file))
         assert not bag.import_errors, bag.import_errors
         dag_run: Any = bag.get_dag("digits").test()
@@ -72,5 +71,3 @@ def test_the_documented_dag_trains_on_kubernetes_with_its_data_on_a_claim(
         assert xcom(dag_run, "evaluate") >= 0.85
         assert (Path(xcom(dag_run, "preprocess")) / "model.pt").is_file()  # rank 0 wrote it through the claim
         assert job_objects(cluster.api(), namespace) == []
-    finally:
-        next(saved, None)  # removes the file

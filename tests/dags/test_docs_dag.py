@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +32,24 @@ def test_the_readme_and_getting_started_show_the_same_dag() -> None:
     assert dag_block(REPO / "README.md", "## A DAG") == dag_block(REPO / "docs/getting-started.md", "## Your first DAG")
 
 
-def save_in_the_dags_folder(source: str) -> Iterator[Path]:
+@contextmanager
+def saved_in_the_dags_folder(source: str) -> Iterator[Path]:
     """The DAG saved as the pages say: in the DAGs folder Airflow is given (the suite's copy of
     the checkout's ``dags/``, beside ``scripts/``; not under /tmp: the ranks run its script)."""
     from tests.conftest import HOME
 
     path = HOME / "dags" / "docs_digits.py"
     path.write_text(source)
-    yield path
-    path.unlink(missing_ok=True)
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture
 def dag_file() -> Iterator[Path]:
-    yield from save_in_the_dags_folder(dag_block(REPO / "README.md", "## A DAG"))
+    with saved_in_the_dags_folder(dag_block(REPO / "README.md", "## A DAG")) as path:
+        yield path
 
 
 def test_the_documented_dag_runs_as_written(
