@@ -37,7 +37,7 @@ from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.backends.removal import JobRemoval
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.job.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
-from airflow_mpi.job.plan import JobPlan, render_with_platform_env
+from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.kinds.permissions import missing_permissions, render_missing
 from airflow_mpi.kinds.strategy import JobKind, job_kind
@@ -147,7 +147,7 @@ class KubernetesBackend:
         return "default"
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
-        return render_with_platform_env(self.kind.render_plan(spec, identity), self.platform_env)
+        return self.kind.render_plan(spec, identity, self.platform_env)
 
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         return self.kind.starts_master_with_workers(plan)

@@ -10,6 +10,7 @@ Which options are always added, and why: docs/contract.md#mpiexec-options.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
 from airflow_mpi.job.topology import Topology, render_mpi_hosts
@@ -29,8 +30,11 @@ def build_host_args(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFA
     return ["--host", render_mpi_hosts(topology)]
 
 
-def build_mpiexec_tail(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
-    """Every mpiexec argument after ``-np N``, ending with the rank wrapper and the command."""
+def build_mpiexec_tail(
+    spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS, platform_env: Sequence[str] = ()
+) -> list[str]:
+    """Every mpiexec argument after ``-np N``, ending with the rank wrapper and the command.
+    ``platform_env``: the names of what the platform writes into every pod (ranks get them too)."""
     mpi = spec.mpi
     args = ["--map-by", mpi.map_by, "--bind-to", mpi.bind_to]
     if mpi.npernode is not None:
@@ -73,17 +77,19 @@ def build_mpiexec_tail(spec: MPIJobSpec, topology: Topology, paths: PodPaths = D
     if mpi.wdir:
         args += ["-wdir", mpi.wdir]
 
-    for item in build_rank_exports(spec, topology):
+    for item in build_rank_exports(spec, topology, platform_env):
         args += ["-x", item]
     args += list(mpi.extra_args)
     return [*args, *build_rank_command(spec, paths)]
 
 
-def build_rank_exports(spec: MPIJobSpec, topology: Topology) -> list[str]:
-    """``-x`` items: PATH/LD_LIBRARY_PATH by default, the user's env, torch.distributed's rendezvous."""
+def build_rank_exports(spec: MPIJobSpec, topology: Topology, platform_env: Sequence[str] = ()) -> list[str]:
+    """``-x`` items: PATH/LD_LIBRARY_PATH by default, the user's env, the platform's (a rank on a
+    worker gets only what mpiexec exports: sshd starts it without the pod's env), torch.distributed's
+    rendezvous."""
     exports = list(spec.mpi.export_env)
     named = {item.split("=", 1)[0] for item in exports}
-    exports += [name for name in spec.env if name not in named]
+    exports += [name for name in [*spec.env, *platform_env] if name not in named]
     exports += [
         f"MASTER_ADDR={topology.rank0_host}",
         f"MASTER_PORT={spec.mpi.master_port}",
@@ -103,7 +109,9 @@ def build_rank_command(spec: MPIJobSpec, paths: PodPaths = DEFAULT_PATHS) -> lis
     return ["bash", paths.launch_script, "rank", *spec.command]
 
 
-def build_mpiexec_argv(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
+def build_mpiexec_argv(
+    spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS, platform_env: Sequence[str] = ()
+) -> list[str]:
     """The full command line the master's launch script execs: root flag, hosts, ``-np``, the tail."""
     return [
         MPIEXEC,
@@ -111,7 +119,7 @@ def build_mpiexec_argv(spec: MPIJobSpec, topology: Topology, paths: PodPaths = D
         *build_host_args(spec, topology, paths),
         "-np",
         str(topology.np),
-        *build_mpiexec_tail(spec, topology, paths),
+        *build_mpiexec_tail(spec, topology, paths, platform_env),
     ]
 
 

@@ -7,7 +7,7 @@ computes names, env, files or command lines itself, so both backends run the sam
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEFAULT_PATHS, PodPaths
@@ -84,14 +84,18 @@ def render_plan(
     paths: PodPaths = DEFAULT_PATHS,
     launch_script: str | None = None,
     master_pod: str | None = None,
+    platform_env: Mapping[str, str] | None = None,
 ) -> JobPlan:
     """Validate ``spec`` and derive every name, env, file and command line of one job.
-    ``master_pod``: the master's name where a controller fixes it (see ``build_topology``)."""
+    ``master_pod``: the master's name where a controller fixes it (see ``build_topology``);
+    ``platform_env``: what the platform writes into every pod and rank (a cluster's ``NCCL_IB_*``,
+    from its ``mpi`` connection), which the spec may not name."""
     spec.validated()
     job_name = build_job_name(spec.name, identity)
     topology = build_topology(spec, job_name, master_pod)
     labels = build_job_labels(job_name, identity, spec.pod.labels)
-    job_env = build_job_env(spec, topology)
+    platform = dict(platform_env or {})
+    job_env = {**build_job_env(spec, topology), **platform}
     pods = [_pod_plan(spec, topology, labels, job_env, Role.MASTER, 0, topology.master_pod)]
     pods += [
         _pod_plan(spec, topology, labels, job_env, Role.WORKER, index, name)
@@ -99,7 +103,7 @@ def render_plan(
     ]
     config_files = {
         contract.CONFIG_LAUNCH: launch_script if launch_script is not None else launch_script_text(),
-        contract.CONFIG_ARGS: render_args_file(build_mpiexec_tail(spec, topology, paths)),
+        contract.CONFIG_ARGS: render_args_file(build_mpiexec_tail(spec, topology, paths, list(platform))),
         contract.CONFIG_SITECUSTOMIZE: rank_sitecustomize_text(),
     }
     if spec.hosts_mode is HostsMode.HOSTFILE and not paths.controller_hostfile:
@@ -115,18 +119,9 @@ def render_plan(
         pods=tuple(pods),
         config_files=config_files,
         ssh=ssh if ssh is not None else build_ssh_material(job_name, topology.pods),
-        mpiexec_argv=tuple(build_mpiexec_argv(spec, topology, paths)),
+        mpiexec_argv=tuple(build_mpiexec_argv(spec, topology, paths, list(platform))),
         paths=paths,
     )
-
-
-def render_with_platform_env(plan: JobPlan, platform_env: Mapping[str, str]) -> JobPlan:
-    """``plan`` with the variables the platform writes into every pod (a cluster's ``NCCL_IB_*``,
-    from its ``mpi`` connection), over nothing of the job's: the spec may not name them."""
-    if not platform_env:
-        return plan
-    pods = tuple(replace(pod, env={**pod.env, **platform_env}) for pod in plan.pods)
-    return replace(plan, pods=pods)
 
 
 def _check_config_size(config_files: Mapping[str, str]) -> None:

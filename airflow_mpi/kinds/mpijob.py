@@ -17,6 +17,7 @@ mounted on the launcher at ``/etc/mpi``): ours get other names and our config di
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, PodPaths
@@ -77,11 +78,17 @@ def launcher_selector(job_name: str) -> str:
     return f"{LABEL_OPERATOR_JOB}={job_name},{LABEL_OPERATOR_ROLE}=launcher"
 
 
-def render_mpijob_plan(spec: MPIJobSpec, identity: RunIdentity, *, ssh: SshMaterial | None = None) -> JobPlan:
+def render_mpijob_plan(
+    spec: MPIJobSpec,
+    identity: RunIdentity,
+    *,
+    ssh: SshMaterial | None = None,
+    platform_env: Mapping[str, str] | None = None,
+) -> JobPlan:
     """The plan of a job run as an MPIJob: master ``<job>-launcher``, paths off ``/etc/mpi``;
     SpecError for what mpi-operator would refuse or cannot express."""
     master = launcher_name(build_job_name(spec.name, identity))
-    plan = render_plan(spec, identity, ssh=ssh, paths=MPIJOB_PATHS, master_pod=master)
+    plan = render_plan(spec, identity, ssh=ssh, paths=MPIJOB_PATHS, master_pod=master, platform_env=platform_env)
     issues = check_mpijob_plan(plan)
     if issues:
         raise SpecError(issues)

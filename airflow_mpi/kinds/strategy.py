@@ -14,6 +14,7 @@ are given a kind by name and call these very functions on what they read, so bot
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -106,8 +107,11 @@ class JobKind:
         gang = spec.scheduling.gang
         return build_permissions(build_job_rules(self.name, gang.value if gang is not None else None))
 
-    def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
-        return render_plan(spec, identity)
+    def render_plan(
+        self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None
+    ) -> JobPlan:
+        """The job's plan as this kind runs it (``platform_env``: what the platform writes into every pod)."""
+        return render_plan(spec, identity, platform_env=platform_env)
 
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         """Whether the master is created with the workers (its launch script then waits for
@@ -255,8 +259,10 @@ class MPIJobKind(JobKind):
     def config_map_name(self, job_name: str) -> str:
         return mpijob_config_map_name(job_name)
 
-    def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
-        return render_mpijob_plan(spec, identity)
+    def render_plan(
+        self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None
+    ) -> JobPlan:
+        return render_mpijob_plan(spec, identity, platform_env=platform_env)
 
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
         return True

@@ -128,3 +128,21 @@ def test_the_timeout_ends_the_job(cluster: Cluster, namespace: str) -> None:
         run(backend_for(cluster, namespace), plan, Log())
     assert time.monotonic() - started < 5 + 30
     assert job_objects(cluster.api(), namespace) == []
+
+
+def test_the_clusters_nccl_ib_variables_reach_every_rank(cluster: Cluster, namespace: str) -> None:
+    """A connection's ``nccl_ib_env`` (the backend's ``platform_env``) through the real API
+    server: every rank, master and workers, sees the variables."""
+    nccl = {"NCCL_IB_HCA": "mlx5", "NCCL_IB_GID_INDEX": "3"}
+    backend = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace, platform_env=nccl)
+    program = (
+        "from mpi4py import MPI; import json, os; c = MPI.COMM_WORLD\n"
+        "seen = c.gather({k: v for k, v in os.environ.items() if k.startswith('NCCL_IB_')})\n"
+        "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps(seen))\n"
+    )
+    spec = make_plan(2, command=[sys.executable, "-c", program]).spec
+    plan = backend.render_plan(spec, RunIdentity("realdag", "train", f"r-{time.monotonic_ns()}"))
+    log = Log()
+    result = run(backend, plan, log)
+    assert result.result == [nccl, nccl, nccl], log
+    assert job_objects(cluster.api(), namespace) == []

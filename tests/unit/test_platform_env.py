@@ -51,6 +51,10 @@ def test_every_container_of_every_kind_gets_the_clusters_nccl_ib_variables(
     for container in found:
         env = {item["name"]: item.get("value") for item in container.get("env", [])}
         assert {name: env.get(name) for name in NCCL} == NCCL, (backend, container["name"])
+    # A rank on a worker gets only what mpiexec exports (sshd starts it without the pod's env).
+    exports = [plan.mpiexec_argv[i + 1] for i, arg in enumerate(plan.mpiexec_argv) if arg == "-x"]
+    assert set(NCCL) <= set(exports), exports
+    assert all(f"  {name}\n" in plan.config_files["mpiexec.args"] for name in NCCL)
 
 
 def test_a_connection_without_them_writes_none(monkeypatch: pytest.MonkeyPatch) -> None:
