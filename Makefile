@@ -13,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down
+.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down image node-system
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -75,7 +75,7 @@ browser: ## Chromium and ChromeDriver from Debian's packages, for the browser ti
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	fi
 
-test: setup lint cluster-build browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane, the UI in a browser, the docs site
+test: setup lint cluster-build image browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane and real Nodes, the UI in a browser, the docs site
 	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The real Kubernetes control plane and controllers, built from upstream source through the Go
@@ -86,7 +86,22 @@ cluster-build: ## build kube-apiserver, controller-manager, scheduler, etcd and 
 	elif [ "$$CI" = true ]; then echo "cluster-build: Go is required under CI" >&2; exit 1; \
 	else echo "cluster-build: Go not installed: the real-cluster tier will be skipped"; fi
 
-cluster-up: setup cluster-build ## start the real control plane, 3 Nodes, mpi-operator, Volcano and Kueue; KUBECONFIG=.cluster/kubeconfig
+# What real Nodes and the image build need from Debian: buildah and mmdebstrap (the image without a
+# daemon or registry), runc (each Node's containerd runs it), nftables (kube-proxy), libc's static
+# library (the pause container).
+NODE_PACKAGES := buildah mmdebstrap runc nftables libc6-dev gcc
+node-system: ## Debian's packages for real Nodes and the image build
+	@missing=$$(for p in $(NODE_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "node-system: apt-get install" $$missing; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+
+# docker/Dockerfile built for real with buildah on a Debian 12 base made by mmdebstrap (no registry,
+# no daemon), cached by the hash of its inputs in ~/.cache/airflow-mpi/images (docker/README.md).
+image: setup cluster-build node-system ## build the training image (and its Debian base and the pause image) from docker/Dockerfile
+	@if command -v go >/dev/null; then PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster.image; \
+	else echo "image: the pause image needs the Kubernetes source (Go): the real-node tier will be skipped"; fi
+
+cluster-up: setup cluster-build image ## start the real control plane, 3 real Nodes (kubelet, containerd), mpi-operator, Volcano and Kueue; KUBECONFIG=.cluster/kubeconfig
 	@PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster up
 
 cluster-down: ## stop the cluster `make cluster-up` started and remove what it made

@@ -15,8 +15,16 @@ APT_PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev iproute2 
   bash ca-certificates g++ ninja-build)
 
 install_system() {
-  local missing=() pkg
-  for pkg in "${APT_PACKAGES[@]}"; do
+  local missing=() pkg packages=("${APT_PACKAGES[@]}")
+  if ((image)); then
+    # A plain Debian base has python3 but no `python` (the launch contract and the example's
+    # commands say `python`), and no pip unless a uv is at hand.
+    if ! command -v python >/dev/null && command -v python3 >/dev/null; then packages+=(python-is-python3); fi
+    if ! command -v uv >/dev/null && command -v python3 >/dev/null && ! python3 -m pip --version >/dev/null 2>&1; then
+      packages+=(python3-pip)
+    fi
+  fi
+  for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
@@ -63,8 +71,18 @@ install_python() {
   local args=(-r "$here/requirements-runtime.txt")
   [[ -n "$constraints" ]] && args+=(-c "$constraints")
   [[ -d /opt/wheels ]] && args+=(--find-links /opt/wheels) # a local CPU torch wheel, where present
+  # Debian's own Python is "externally managed" (PEP 668): an image has no other Python to
+  # protect, so the packages go into it all the same.
+  if "$python" -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+    args+=(--break-system-packages)
+  fi
   if "$python" -m uv --version >/dev/null 2>&1; then
     "$python" -m uv pip install -q --python "$python" "${args[@]}"
+  elif command -v uv >/dev/null; then
+    # A uv given at build time (with its package cache mounted): copy from the cache, trust the
+    # system's CA store as pip does with PIP_CERT.
+    SSL_CERT_FILE="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" \
+      uv pip install -q --python "$python" --link-mode copy "${args[@]}"
   else
     "$python" -m pip install -q --no-cache-dir "${args[@]}"
   fi

@@ -47,6 +47,9 @@ class Component:
     # Files of the module the cluster installs (CRDs, RBAC, webhooks): glob patterns, copied to
     # ``assets/`` beside the binaries so that running the cluster needs no Go.
     assets: tuple[str, ...] = ()
+    # Build tags for every binary, and more for one binary (binary name -> tags).
+    tags: tuple[str, ...] = ()
+    binary_tags: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 COMPONENTS: dict[str, Component] = {
@@ -106,6 +109,42 @@ COMPONENTS: dict[str, Component] = {
                 "installer/helm/chart/volcano/config/volcano-scheduler.conf",
             ),
         ),
+        # The node side: what a real Node runs (tests/cluster/nodes.py). runc comes from Debian.
+        Component(
+            "kubernetes-node",
+            "k8s.io/kubernetes",
+            K8S_VERSION,
+            {"kubelet": "k8s.io/kubernetes/cmd/kubelet", "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy"},
+            kubernetes_version_flags=True,
+            # The pause container every pod sandbox starts with: no registry, so it is built here.
+            assets=("build/pause/linux/pause.c",),
+        ),
+        Component(
+            "containerd",
+            "github.com/containerd/containerd/v2",
+            "v2.4.2",
+            {
+                "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+                "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
+                "containerd-shim-runc-v2": "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+            },
+            # Snapshotters that need cgo or kernel modules this machine lacks are left out.
+            tags=("no_btrfs", "no_devmapper", "no_zfs", "urfave_cli_no_docs"),
+            binary_tags={"containerd-shim-runc-v2": ("no_grpc",)},
+        ),
+        Component(
+            "cni-plugins",
+            "github.com/containernetworking/plugins",
+            "v1.10.0",
+            {
+                "bridge": "github.com/containernetworking/plugins/plugins/main/bridge",
+                "loopback": "github.com/containernetworking/plugins/plugins/main/loopback",
+                "host-local": "github.com/containernetworking/plugins/plugins/ipam/host-local",
+                "portmap": "github.com/containernetworking/plugins/plugins/meta/portmap",
+            },
+        ),
+        Component("coredns", "github.com/coredns/coredns", "v1.15.0", {"coredns": "github.com/coredns/coredns"}),
+        Component("cri-tools", "sigs.k8s.io/cri-tools", "v1.37.0", {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"}),
     )
 }
 
@@ -263,7 +302,9 @@ def build(component: Component, log=print) -> Path:
     for binary, package in component.binaries.items():
         t0 = time.monotonic()
         log(f"build {component.name}: {binary} from {package}@{component.version}")
-        _go(["build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary), package], work, env)
+        tags = ",".join((*component.tags, *component.binary_tags.get(binary, ())))
+        flags = ["-tags", tags] if tags else []
+        _go(["build", "-trimpath", *flags, "-ldflags", ldflags, "-o", str(staging / binary), package], work, env)
         log(f"build {component.name}: {binary} in {time.monotonic() - t0:.0f} s")
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
@@ -274,6 +315,7 @@ def build(component: Component, log=print) -> Path:
 
 # What the real-cluster tier runs: every component.
 TIER = tuple(COMPONENTS)
+NODE_TIER = ("kubernetes-node", "containerd", "cni-plugins", "coredns", "cri-tools")
 
 
 def main(argv: list[str] | None = None) -> int:

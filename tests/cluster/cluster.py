@@ -19,6 +19,7 @@ import yaml
 from tests.cluster.build import COMPONENTS, K8S_VERSION, bin_dir, is_built
 from tests.cluster.controlplane import ControlPlane, Process, free_port, wait_for
 from tests.cluster.kubeapi import ApiError, KubeApi, Obj
+from tests.cluster.nodes import RealNodes
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path("/run/airflow-mpi-tests")
@@ -33,12 +34,15 @@ def built(components: tuple[str, ...] = REQUIRED) -> bool:
 
 
 class Cluster:
-    """A control plane under ``workdir`` with ``nodes`` Nodes run by the node agent."""
+    """A control plane under ``workdir`` with ``nodes`` Nodes: real ones (a kubelet, containerd
+    and runc each; tests/cluster/nodes.py) when ``images`` are given, else run by the node agent."""
 
-    def __init__(self, workdir: Path, nodes: int = 3) -> None:
+    def __init__(self, workdir: Path, nodes: int = 3, images: list[Path] | None = None) -> None:
         self.workdir = workdir
         self.plane = ControlPlane(workdir / "plane")
         self.node_count = nodes
+        self.images = images
+        self.real: RealNodes | None = None
         self.agent: Process | None = None
         self.agent_control = ""
         self.controllers: dict[str, Process] = {}
@@ -60,7 +64,12 @@ class Cluster:
         try:
             self.plane.start()
             self.timings["control plane"] = time.monotonic() - t0
-            self._start_node_agent()
+            if self.images:
+                self.real = RealNodes(self.plane, self.workdir / "nodes", self.node_count, self.images)
+                self.real.start()
+                self.timings.update(self.real.timings)
+            else:
+                self._start_node_agent()
             self._wait_nodes_ready()
             self._wait_default_service_account()
             self.timings["cluster"] = time.monotonic() - t0
@@ -77,6 +86,8 @@ class Cluster:
         if self.agent is not None:
             self.agent.stop(grace=60)
             self.agent = None
+        if self.real is not None:
+            self.real.stop()
         self.plane.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
@@ -158,12 +169,21 @@ class Cluster:
             return r.read().decode()
 
     def evict(self, namespace: str, pod: str, message: str = "The node was low on resource: memory. ") -> None:
+        """The node agent evicts as a kubelet under pressure would; with real Nodes, the pod is
+        evicted through the Eviction API (what `kubectl drain` does)."""
         import urllib.parse
+
+        if self.real is not None:
+            self.api().create(f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", {
+                "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}})  # fmt: skip
+            return
 
         query = urllib.parse.urlencode({"namespace": namespace, "pod": pod, "message": message})
         self.agent_request(f"/evict?{query}")
 
     def running_pods(self) -> list[str]:
+        if self.real is not None:
+            return self.real.running_pods()
         return list(json.loads(self.agent_request("/", method="GET"))["sandbox_pods"])
 
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
@@ -252,8 +272,12 @@ def supervise(nodes: int) -> int:
     """Run the cluster until SIGTERM (what `up` starts in the background)."""
     import signal
 
+    from tests.cluster.image import cached_archives
+    from tests.cluster.nodes import node_tools_built
+
     started = time.monotonic()
-    cluster = Cluster(CHECKOUT_STATE / "run", nodes)
+    images = list(cached_archives().values()) if node_tools_built() else []
+    cluster = Cluster(CHECKOUT_STATE / "run", nodes, images=images or None)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     cluster.start()
@@ -261,7 +285,8 @@ def supervise(nodes: int) -> int:
         cluster.controller(name)
     shutil.copy(cluster.kubeconfig, CHECKOUT_STATE / "kubeconfig")
     (CHECKOUT_STATE / "ready").write_text(
-        f"cluster up in {time.monotonic() - started:.1f} s: {nodes} Nodes Ready; {', '.join(CONTROLLERS)} running\n"
+        f"cluster up in {time.monotonic() - started:.1f} s: {nodes} {'real ' if images else ''}Nodes Ready; "
+        f"{', '.join(CONTROLLERS)} running\n"
         f"export KUBECONFIG={CHECKOUT_STATE / 'kubeconfig'}\n"
     )
     try:

@@ -1,0 +1,283 @@
+"""Builds the training image from ``docker/Dockerfile`` for real, without a registry or a daemon:
+a Debian 12 base made by ``mmdebstrap`` from Debian's packages, then ``buildah bud`` on the
+Dockerfile as users build it, with that base as ``PYTHON_IMAGE``. The result is a
+``docker-archive`` tarball that every real Node's containerd imports (tests/cluster/nodes.py).
+
+Each image is cached by the hash of its inputs under ``~/.cache/airflow-mpi/images`` (beside the
+cluster's binaries), so a warm run rebuilds nothing. buildah runs with a storage root of its own
+(``vfs``: no mounts outlive it), removed after each build; no daemon is left running.
+
+Two images come out:
+- ``localhost/airflow-mpi-base:bookworm``: Debian 12 with Debian's Python 3.11 and nothing else
+  (no sshd, no mpiexec): the base, and the "image that lacks sshd" the failure tests use;
+- ``localhost/airflow-mpi-train:dev``: the Dockerfile's image (sshd, Open MPI, torch, DeepSpeed,
+  mpi4py, the launch script, the example's training script).
+
+The torch stack comes from the package cache the virtualenv filled (``uv``'s cache, mounted at
+build time), not downloaded again.
+
+    python tests/cluster/image.py [--force]
+
+Test code: nothing here ships in the wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = "bookworm"
+# What the base has: Debian's Python (with its venv module, as python:3.11-slim has) and the CA
+# certificates pip needs. Everything else is the Dockerfile's to install.
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+BASE_IMAGE = f"localhost/airflow-mpi-base:{SUITE}"
+TRAIN_IMAGE = "localhost/airflow-mpi-train:dev"
+# The files the Dockerfile reads (its build context) and the recipe it runs.
+TRAIN_INPUTS = (
+    "docker/Dockerfile",
+    "docker/install-runtime.sh",
+    "docker/requirements-runtime.txt",
+    "airflow_mpi/scripts/launch.sh",
+    "dags/scripts/train_digits.py",
+)
+RECIPE_VERSION = "1"  # bump when this file changes what it builds
+
+
+@dataclass(frozen=True)
+class Built:
+    """One image in the cache: its archive, name, and what building it measured."""
+
+    name: str
+    archive: Path
+    seconds: float
+    size_bytes: int
+    cached: bool
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "airflow-mpi"
+    return Path(os.environ.get("AIRFLOW_MPI_IMAGE_CACHE", default / "images"))
+
+
+def _digest(parts: list[bytes]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:16]
+
+
+def base_key() -> str:
+    return _digest([RECIPE_VERSION.encode(), SUITE.encode(), " ".join(BASE_PACKAGES).encode(), _host_ca_bytes()])
+
+
+def train_key() -> str:
+    return _digest([base_key().encode(), *((REPO / path).read_bytes() for path in TRAIN_INPUTS)])
+
+
+def _host_ca_bytes() -> bytes:
+    """The machine's own extra CA certificates (an egress proxy's), which the base trusts too, so
+    that pip and apt inside the build reach the package registries as the machine does."""
+    folder = Path("/usr/local/share/ca-certificates")
+    return b"".join(p.read_bytes() for p in sorted(folder.glob("*.crt"))) if folder.is_dir() else b""
+
+
+def _run(argv: list[str], log, **kwargs) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv[:3])} ... failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
+    log(f"image: {' '.join(argv[:2])} in {time.monotonic() - t0:.0f} s")
+
+
+class Buildah:
+    """buildah with a storage root of its own (vfs: no mounts), removed by ``close``."""
+
+    def __init__(self, log) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="airflow-mpi-buildah-", dir="/var/tmp"))
+        self.log = log
+
+    def __call__(self, *args: str, cwd: Path | None = None) -> None:
+        base = ["buildah", "--root", str(self.root / "root"), "--runroot", str(self.root / "run"),
+                "--storage-driver", "vfs"]  # fmt: skip
+        t0 = time.monotonic()
+        _run([*base, *args], lambda _: None, cwd=cwd)
+        self.log(f"image: buildah {args[0]} in {time.monotonic() - t0:.0f} s")
+
+    def close(self) -> None:
+        # chroot isolation leaves nothing mounted; a root-owned tree of image layers is all there is.
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _missing_tools() -> list[str]:
+    return [tool for tool in ("mmdebstrap", "buildah") if not shutil.which(tool)]
+
+
+def _finish(name: str, archive: Path, started: float, log) -> Built:
+    seconds = time.monotonic() - started
+    size = archive.stat().st_size
+    (archive.parent / "build.json").write_text(json.dumps({"name": name, "seconds": seconds, "size_bytes": size}))
+    log(f"image: {name} built in {seconds:.0f} s, {size / 2**20:.0f} MiB")
+    return Built(name, archive, seconds, size, cached=False)
+
+
+def _cached(name: str, archive: Path) -> Built | None:
+    record = archive.parent / "build.json"
+    if not (archive.exists() and record.exists()):
+        return None
+    meta = json.loads(record.read_text())
+    return Built(name, archive, meta["seconds"], meta["size_bytes"], cached=True)
+
+
+def build_base(log=print, force: bool = False) -> Built:
+    """Debian 12's minimal root filesystem with Python, committed as ``BASE_IMAGE``."""
+    folder = cache_dir() / f"base-{base_key()}"
+    archive = folder / "image.tar"
+    if not force and (hit := _cached(BASE_IMAGE, archive)):
+        return hit
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    buildah = Buildah(log)
+    try:
+        rootfs = buildah.root / "rootfs.tar"
+        hooks = []
+        if _host_ca_bytes():
+            hooks = ["--customize-hook=cp /usr/local/share/ca-certificates/*.crt \"$1/usr/local/share/ca-certificates/\"",
+                     "--customize-hook=chroot \"$1\" update-ca-certificates >/dev/null"]  # fmt: skip
+        _run(["mmdebstrap", "--variant=minbase", "--quiet", f"--include={','.join(BASE_PACKAGES)}",
+              # The machine's Debian mirror may serve a snapshot older than its Release file's
+              # validity; apt inside the image build needs the same allowance.
+              "--aptopt=Acquire::Check-Valid-Until \"false\"", "--aptopt=Acquire::Check-Date \"false\"",
+              *hooks, SUITE, str(rootfs)], log)  # fmt: skip
+        buildah("from", "--name", "base", "scratch")
+        buildah("add", "base", str(rootfs), "/")
+        buildah("config", "--cmd", "bash", "--env", "LANG=C.UTF-8", "base")
+        buildah("commit", "--quiet", "base", BASE_IMAGE)
+        partial = archive.with_suffix(".partial")
+        buildah("push", "--quiet", BASE_IMAGE, f"docker-archive:{partial}:{BASE_IMAGE}")
+        partial.rename(archive)
+    finally:
+        buildah.close()
+    return _finish(BASE_IMAGE, archive, started, log)
+
+
+def build_train(log=print, force: bool = False, python: Path | None = None) -> Built:
+    """``docker/Dockerfile`` on the local base, as ``TRAIN_IMAGE``."""
+    folder = cache_dir() / f"train-{train_key()}"
+    archive = folder / "image.tar"
+    if not force and (hit := _cached(TRAIN_IMAGE, archive)):
+        return hit
+    base = build_base(log)
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    buildah = Buildah(log)
+    try:
+        buildah("pull", "--quiet", f"docker-archive:{base.archive}")
+        volumes = []
+        uv = shutil.which("uv", path=str((python or Path(sys.executable)).parent))
+        uv_cache = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
+        if uv and uv_cache.is_dir():
+            # The virtualenv's uv and its package cache, at build time only (not in the image):
+            # the recipe installs with uv when it finds one, so torch is copied, not downloaded.
+            volumes = ["--volume", f"{uv}:/usr/local/bin/uv:ro", "--volume", f"{uv_cache}:/root/.cache/uv"]
+        buildah("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--layers=false",
+                "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", *volumes,
+                "-f", "docker/Dockerfile", "-t", TRAIN_IMAGE, ".", cwd=REPO)  # fmt: skip
+        partial = archive.with_suffix(".partial")
+        buildah("push", "--quiet", TRAIN_IMAGE, f"docker-archive:{partial}:{TRAIN_IMAGE}")
+        partial.rename(archive)
+    finally:
+        buildah.close()
+    return _finish(TRAIN_IMAGE, archive, started, log)
+
+
+PAUSE_IMAGE = "localhost/pause:3.10"
+
+
+def build_pause(log=print, force: bool = False) -> Built:
+    """The pod sandbox's pause container, from the Kubernetes source (``build/pause/linux/pause.c``,
+    copied beside the node binaries by tests/cluster/build.py) compiled statically here: there is
+    no registry to pull it from."""
+    from tests.cluster.build import COMPONENTS, assets_dir
+
+    source = assets_dir(COMPONENTS["kubernetes-node"]) / "build" / "pause" / "linux" / "pause.c"
+    folder = cache_dir() / f"pause-{_digest([RECIPE_VERSION.encode(), source.read_bytes()])}"
+    archive = folder / "image.tar"
+    if not force and (hit := _cached(PAUSE_IMAGE, archive)):
+        return hit
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    buildah = Buildah(log)
+    try:
+        binary = buildah.root / "pause"
+        _run(["gcc", "-Os", "-static", "-DVERSION=v3.10-airflow-mpi", "-o", str(binary), str(source)], log)
+        buildah("from", "--name", "pause", "scratch")
+        buildah("copy", "pause", str(binary), "/pause")
+        buildah("config", "--entrypoint", '["/pause"]', "--user", "65535:65535", "pause")
+        buildah("commit", "--quiet", "pause", PAUSE_IMAGE)
+        partial = archive.with_suffix(".partial")
+        buildah("push", "--quiet", PAUSE_IMAGE, f"docker-archive:{partial}:{PAUSE_IMAGE}")
+        partial.rename(archive)
+    finally:
+        buildah.close()
+    return _finish(PAUSE_IMAGE, archive, started, log)
+
+
+def cached_archives() -> dict[str, Path]:
+    """The pause, base and training images of this checkout's inputs, where all three are built
+    (``make image``); else empty."""
+    from tests.cluster.build import COMPONENTS, assets_dir
+
+    source = assets_dir(COMPONENTS["kubernetes-node"]) / "build" / "pause" / "linux" / "pause.c"
+    if not source.exists():
+        return {}
+    folders = {
+        "pause": f"pause-{_digest([RECIPE_VERSION.encode(), source.read_bytes()])}",
+        "base": f"base-{base_key()}",
+        "train": f"train-{train_key()}",
+    }
+    archives = {role: cache_dir() / folder / "image.tar" for role, folder in folders.items()}
+    return archives if all(a.exists() for a in archives.values()) else {}
+
+
+def prune(keep: tuple[Path, ...]) -> None:
+    """Remove the cache's images of older inputs (each is gigabytes)."""
+    for folder in cache_dir().glob("*-*"):
+        if folder.is_dir() and folder not in {k.parent for k in keep}:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def build_all(log=print, force: bool = False) -> dict[str, Built]:
+    missing = _missing_tools()
+    if missing:
+        raise RuntimeError(f"building the image needs {', '.join(missing)}: apt-get install {' '.join(missing)}")
+    built = {"pause": build_pause(log, force), "base": build_base(log, force), "train": build_train(log, force)}
+    prune(tuple(b.archive for b in built.values()))
+    return built
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--force", action="store_true", help="rebuild even when the cache has the inputs' images")
+    args = parser.parse_args(argv)
+    for role, built in build_all(lambda m: print(m, flush=True), args.force).items():
+        state = "cached" if built.cached else "built"
+        print(
+            f"{role}: {built.name} {state} ({built.seconds:.0f} s to build, {built.size_bytes / 2**20:.0f} MiB): {built.archive}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

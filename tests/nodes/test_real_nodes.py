@@ -1,0 +1,127 @@
+"""Jobs on real Nodes: every pod a container of the training image (docker/Dockerfile, built by
+buildah) in a real kubelet's containerd and runc, its network from the CNI bridge plugin, its
+peers' names from CoreDNS. The pods backend; the real scheduler spreads the three pods over the
+three Nodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from airflow_mpi.backends.kubernetes import KubernetesBackend
+from airflow_mpi.exceptions import JobFailed, JobTimeout
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.runner.job import JobRunner
+from airflow_mpi.spec import MPIJobSpec
+from tests.cluster.cluster import Cluster
+from tests.cluster.conftest import Log, api_client, job_objects
+from tests.cluster.image import BASE_IMAGE, TRAIN_IMAGE
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+# mpi4py's hello world, with what each rank sees of where it runs.
+HELLO = (
+    "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD\n"
+    "print(f'Hello, World! I am process {c.rank} of {c.size} on {socket.gethostname()}', flush=True)\n"
+    "seen = c.gather({'host': socket.gethostname(), 'fqdn': socket.getfqdn(), 'ip': socket.gethostbyname(socket.gethostname()),\n"
+    "                 'node': open('/etc/hostname').read().strip()})\n"
+    "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'size': c.size, 'sum': c.allreduce(c.rank + 1), 'seen': seen}))\n"
+    "else: c.allreduce(c.rank + 1)\n"
+)
+
+
+def make_plan(workers: int = 2, **fields: Any) -> JobPlan:
+    data: dict[str, Any] = {
+        "name": "nodes",
+        "image": TRAIN_IMAGE,
+        "command": ["python", "-c", HELLO],
+        "workers": {"replicas": workers},
+        "startup_timeout": 90,
+        "timeout": 180,
+    }
+    data.update(fields)
+    return render_plan(MPIJobSpec.from_dict(data), RunIdentity("nodesdag", "train", f"run-{time.monotonic_ns()}"))
+
+
+def backend_for(cluster: Cluster, namespace: str) -> KubernetesBackend:
+    return KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+
+
+def pod_nodes(cluster: Cluster, namespace: str, job: str) -> dict[str, str]:
+    pods = cluster.api().get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"airflow-mpi.io/job={job}")
+    return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods["items"]}
+
+
+def test_hello_world_runs_one_rank_per_node_with_names_from_coredns(cluster: Cluster, namespace: str) -> None:
+    backend = backend_for(cluster, namespace)
+    plan = make_plan(workers=2)
+    log = Log()
+    placed: dict[str, str] = {}
+
+    def note_placement(line: str) -> None:
+        log(line)
+        if "Hello, World!" in line and not placed:
+            placed.update(pod_nodes(cluster, namespace, plan.job_name))
+
+    result = JobRunner(backend, plan, note_placement).run()
+    assert result.exit_code == 0, log
+    assert result.result["size"] == 3 and result.result["sum"] == 6
+    job = plan.job_name
+    assert sorted(seen["host"] for seen in result.result["seen"]) == sorted(
+        [f"{job}-master-0", f"{job}-worker-0", f"{job}-worker-1"]
+    )
+    # Three pods on three real Nodes, each rank in its own pod's network (a pod IP of its Node's subnet).
+    assert sorted(placed.values()) == ["node-0", "node-1", "node-2"], placed
+    assert all(seen["ip"].startswith("10.244.") for seen in result.result["seen"]), result.result["seen"]
+    assert len({seen["ip"] for seen in result.result["seen"]}) == 3
+    assert sum("Hello, World! I am process" in line for line in log) == 3
+    assert backend.leftovers(job) == []
+    assert job_objects(cluster.api(), namespace) == []
+
+
+def test_a_rank_that_exits_3_ends_the_job_and_is_named(cluster: Cluster, namespace: str) -> None:
+    program = "from mpi4py import MPI; import sys\nif MPI.COMM_WORLD.rank == 2: sys.exit(3)\nMPI.COMM_WORLD.Barrier()\n"
+    plan = make_plan(workers=2, command=["python", "-m", "mpi4py", "-c", program])
+    log = Log()
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as caught:
+        JobRunner(backend_for(cluster, namespace), plan, log).run()
+    assert time.monotonic() - started < 120
+    message = str(caught.value)
+    assert "exit" in message.lower() and "3" in message, message
+
+
+def test_an_image_without_sshd_is_named_not_timed_out(cluster: Cluster, namespace: str) -> None:
+    plan = make_plan(workers=1, image=BASE_IMAGE, startup_timeout=120)
+    log = Log()
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as caught:
+        JobRunner(backend_for(cluster, namespace), plan, log).run()
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert elapsed < 90, (elapsed, message)
+    assert "sshd" in message, message
+
+
+def test_an_image_not_on_the_node_is_named(cluster: Cluster, namespace: str) -> None:
+    plan = make_plan(workers=1, image="localhost/airflow-mpi-absent:1", pod={"image_pull_policy": "Never"})
+    log = Log()
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as caught:
+        JobRunner(backend_for(cluster, namespace), plan, log).run()
+    message = str(caught.value)
+    assert time.monotonic() - started < 60, message
+    assert "ErrImageNeverPull" in message and "localhost/airflow-mpi-absent:1" in message, message
+
+
+def test_the_job_timeout_ends_it_on_real_nodes(cluster: Cluster, namespace: str) -> None:
+    program = "import time\nprint('training', flush=True)\ntime.sleep(600)\n"
+    plan = make_plan(workers=1, command=["python", "-c", program], timeout=20)
+    log = Log()
+    started = time.monotonic()
+    with pytest.raises(JobTimeout):
+        JobRunner(backend_for(cluster, namespace), plan, log).run()
+    assert time.monotonic() - started < 90
