@@ -17,7 +17,7 @@ from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import Log, api_client, job_objects
+from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, job_objects, run_evicting_a_worker
 from tests.cluster.image import BASE_IMAGE, TRAIN_IMAGE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -125,3 +125,30 @@ def test_the_job_timeout_ends_it_on_real_nodes(cluster: Cluster, namespace: str)
     with pytest.raises(JobTimeout):
         JobRunner(backend_for(cluster, namespace), plan, log).run()
     assert time.monotonic() - started < 90
+
+
+def test_a_job_without_root_in_a_restricted_namespace(cluster: Cluster) -> None:
+    """sshd and every rank as uid 1000 with every capability dropped, admitted by the real
+    PodSecurity admission at ``restricted`` and run by real runc with seccomp RuntimeDefault."""
+    namespace = f"r-{time.monotonic_ns() % 10**8}"
+    cluster.create_namespace(namespace, labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    try:
+        program = (
+            "from mpi4py import MPI; import json, os; c = MPI.COMM_WORLD\n"
+            "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]\n"
+            "seen = c.gather({'uid': os.getuid(), 'caps': caps})\n"
+            "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps(seen))\n"
+        )
+        plan = make_plan(workers=2, command=["python", "-c", program], ssh_port=2222, pod={"run_as_user": 1000})
+        log = Log()
+        result = JobRunner(backend_for(cluster, namespace), plan, log).run()
+        assert result.exit_code == 0, log
+        assert result.result == [{"uid": 1000, "caps": "0000000000000000"}] * 3, result.result
+    finally:
+        cluster.delete_namespace(namespace, wait=0)
+
+
+def test_a_worker_evicted_through_the_eviction_api_ends_the_job_naming_it(cluster: Cluster, namespace: str) -> None:
+    plan = make_plan(workers=2, command=["python", "-c", TRAINS_FOREVER])
+    failure, victim = run_evicting_a_worker(cluster, namespace, backend_for(cluster, namespace), plan)
+    assert victim in str(failure), str(failure)
