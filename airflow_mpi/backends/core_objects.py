@@ -153,12 +153,23 @@ class CoreObjects:
             raise translate(error, ApiRequest("list", plural, namespace), self.api_url) from error
         return list(json.loads(response.data).get("items") or [])
 
-    def delete(self, namespace: str, plural: str, name: str, since: float | None = None, propagation: str = "") -> bool:
-        """DELETE one object (bounded by ``api_timeout`` from ``since``); False if it was gone."""
+    def delete(
+        self,
+        namespace: str,
+        plural: str,
+        name: str,
+        since: float | None = None,
+        propagation: str = "",
+        grace_seconds: int | None = None,
+    ) -> bool:
+        """DELETE one object (bounded by ``api_timeout`` from ``since``); False if it was gone.
+        ``grace_seconds=0`` forces a pod's deletion (its Node will not confirm it)."""
         from kubernetes.client import V1DeleteOptions
 
         delete = self._api("delete", plural)
-        body = V1DeleteOptions(propagation_policy=propagation) if propagation else None
+        body = None
+        if propagation or grace_seconds is not None:
+            body = V1DeleteOptions(propagation_policy=propagation or None, grace_period_seconds=grace_seconds)
         return deleted(
             lambda: self.request(
                 lambda timeout: delete(name, namespace, body=body, _preload_content=False, _request_timeout=timeout),

@@ -20,6 +20,7 @@ from airflow_mpi.exceptions import BackendError
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
 from airflow_mpi.kinds.strategy import JobKind
+from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
 from airflow_mpi.spec import Gang
 
 _log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class JobRemoval:
                 if failed is not None:
                     raise failed
                 return
+            failed = self._force_delete_on_lost_nodes(job, namespace, since) or failed
             left = _pods_left_after(job.watcher, TEARDOWN_WAIT)
             if left is None:  # no watch to tell: ask; if the API will not say, the collector has them
                 with contextlib.suppress(BackendError):
@@ -84,6 +86,25 @@ class JobRemoval:
         finally:
             if job is not None:
                 job.watcher.stop()
+
+    def _force_delete_on_lost_nodes(self, job: WatchedJob, namespace: str, since: float) -> BackendError | None:
+        """A pod whose Node stopped reporting stays Terminating until that Node's kubelet confirms
+        it, which may be never: delete it at once, as ``kubectl delete --force --grace-period=0``
+        does. Should the Node come back, its kubelet stops what is still running there."""
+        with job.watcher.cond:
+            pods = [pod_state_from_k8s(pod) for pod in job.watcher.table.pods.values()]
+        failed: BackendError | None = None
+        for pod in pods:
+            if pod.reason != NODE_LOST:
+                continue
+            _log.warning(
+                "pod %s is on Node %s, which stopped reporting: deleting it without waiting", pod.name, pod.node
+            )
+            try:
+                self.objects.delete(namespace, "pods", pod.name, since, grace_seconds=0)
+            except BackendError as error:
+                failed = failed or error
+        return failed
 
     def _delete_without_collector(
         self, namespace: str, job_name: str, pods: list[str], since: float

@@ -31,6 +31,16 @@ FATAL_WAITING_REASONS = frozenset(
 )
 
 
+# A running pod whose Node stopped reporting: the node lifecycle controller turns its Ready
+# condition False (after the Node's grace period, 50 s by default) while the kubelet, gone,
+# still has every container ready. Its ranks are cut off from the job: fail at once.
+NODE_LOST = "NodeNotReady"
+NODE_LOST_MESSAGE = (
+    "its Node {node} stopped reporting (kubelet down or Node unreachable) and the cluster marked the pod "
+    "not ready; an MPI job cannot go on without that Node's ranks: check `kubectl describe node {node}`"
+)
+
+
 class PodPhase(str, Enum):
     PENDING = "Pending"
     RUNNING = "Running"
@@ -48,6 +58,7 @@ class PodState:
     exit_code: int | None = None
     reason: str = ""  # e.g. OOMKilled, Evicted, ErrImagePull, Unschedulable
     message: str = ""
+    node: str = ""  # the Node it was bound to (Kubernetes)
 
     @property
     def ended(self) -> bool:
@@ -87,7 +98,7 @@ def evaluate_job(pods: Sequence[PodState]) -> JobStatus:
     workers = [p for p in pods if p.role is Role.WORKER]
 
     for pod in pods:
-        if pod.reason in FATAL_WAITING_REASONS:
+        if pod.reason in FATAL_WAITING_REASONS or (pod.reason == NODE_LOST and not pod.ended):
             return JobStatus(JobPhase.FAILED, pod.name, pod.exit_code, pod.describe())
     # A worker lost while the master is still going is the root cause, whatever the master says next.
     master_done = master is not None and master.phase is PodPhase.SUCCEEDED
@@ -146,7 +157,23 @@ def pod_state_from_k8s(pod: Mapping[str, Any]) -> PodState:
         )
     if reason == "Completed" and exit_code == 0:
         reason = ""
-    return PodState(name, role, phase, ready=ready, exit_code=exit_code, reason=reason, message=message)
+    node = (pod.get("spec") or {}).get("nodeName", "")
+    if _node_lost(phase, conditions.get("Ready"), containers):
+        reason, message = NODE_LOST, NODE_LOST_MESSAGE.format(node=node or "NODE")
+    return PodState(name, role, phase, ready=ready, exit_code=exit_code, reason=reason, message=message, node=node)
+
+
+def _node_lost(phase: PodPhase, ready: Mapping[str, Any] | None, containers: Sequence[Mapping[str, Any]]) -> bool:
+    """The node lifecycle controller's mark: Ready False, with no reason, on a running pod whose
+    containers the kubelet last reported all ready. The kubelet's own not-ready always gives a
+    reason (ContainersNotReady, ReadinessGatesNotReady) and shows in the containers."""
+    return (
+        phase is PodPhase.RUNNING
+        and (ready or {}).get("status") == "False"
+        and not (ready or {}).get("reason")
+        and bool(containers)
+        and all(c.get("ready") is True for c in containers)
+    )
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,6 +186,7 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
             for key in ("name", "labels", "resourceVersion", "deletionTimestamp", "creationTimestamp")
             if key in meta
         },
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName", "")},
         "status": pod.get("status") or {},
     }
 

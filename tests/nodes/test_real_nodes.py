@@ -17,7 +17,7 @@ from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, job_objects, run_evicting_a_worker
+from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, job_objects, run_evicting_a_worker, when_logged
 from tests.cluster.image import BASE_IMAGE, TRAIN_IMAGE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -152,3 +152,33 @@ def test_a_worker_evicted_through_the_eviction_api_ends_the_job_naming_it(cluste
     plan = make_plan(workers=2, command=["python", "-c", TRAINS_FOREVER])
     failure, victim = run_evicting_a_worker(cluster, namespace, backend_for(cluster, namespace), plan)
     assert victim in str(failure), str(failure)
+
+
+def test_a_worker_whose_kubelet_stops_ends_the_job_naming_its_node(cluster: Cluster, namespace: str) -> None:
+    """The worker's Node stops reporting (its kubelet stopped; its containers run on): once the
+    node lifecycle controller marks the pod not ready (the Node's 50 s grace), the job ends with
+    the pod and the Node named, not at its timeout."""
+    assert cluster.real is not None
+    real = cluster.real
+    plan = make_plan(workers=2, command=["python", "-c", TRAINS_FOREVER], timeout=600)
+    log = Log()
+    stopped: list[tuple[str, float]] = []
+
+    def stop_the_workers_kubelet() -> None:
+        node_name = pod_nodes(cluster, namespace, plan.job_name)[f"{plan.job_name}-worker-1"]
+        real.stop_kubelet(real.node(node_name))
+        stopped.append((node_name, time.monotonic()))
+
+    thread = when_logged(log, "training", stop_the_workers_kubelet)
+    try:
+        with pytest.raises(JobFailed) as caught:
+            JobRunner(backend_for(cluster, namespace), plan, log).run()
+        ended = time.monotonic()
+    finally:
+        thread.join()
+        for node in real.nodes:  # its pods are deleted once it reports again
+            real.restart_kubelet(node)
+    node_name, at = stopped[0]
+    message = str(caught.value)
+    assert f"{plan.job_name}-worker-1" in message and f"Node {node_name}" in message, message
+    assert ended - at < 50 + 30, ended - at  # the grace period, then seconds

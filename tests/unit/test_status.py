@@ -141,3 +141,47 @@ def test_a_pod_a_controller_generated_for_an_expected_name_counts_as_it() -> Non
     loop.listed([worker], "2")
     gone = {state.name: state for state in loop.table.states(expected)}["j-launcher"]
     assert (gone.phase, gone.reason) == (PodPhase.FAILED, "Deleted")
+
+
+def _running_pod(ready: str, containers_ready: list[bool], reason: str = "") -> dict[str, object]:
+    return {
+        "metadata": {"name": "job-worker-1", "labels": {"airflow-mpi.io/role": "worker"}},
+        "spec": {"nodeName": "node-1"},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": ready, **({"reason": reason} if reason else {})}],
+            "containerStatuses": [
+                {"name": f"c{i}", "ready": r, "state": {"running": {}}} for i, r in enumerate(containers_ready)
+            ],
+        },
+    }
+
+
+def test_a_pod_whose_node_stopped_reporting_fails_the_job_naming_the_node() -> None:
+    """The node lifecycle controller's mark (Ready False, the kubelet's last word: all ready)."""
+    from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s, slim_pod
+
+    lost = pod_state_from_k8s(slim_pod(_running_pod("False", [True])))
+    assert (lost.reason, lost.node) == (NODE_LOST, "node-1")
+    status = evaluate_job([pod("m", M, PodPhase.RUNNING), lost])
+    assert status.phase is JobPhase.FAILED and status.failed_pod == "job-worker-1"
+    assert "Node node-1 stopped reporting" in status.reason
+
+
+@pytest.mark.parametrize(
+    ("ready", "containers", "reason"),
+    [
+        ("True", [True], ""),
+        ("False", [False], "ContainersNotReady"),
+        ("False", [], ""),
+        ("False", [True, False], ""),
+        ("False", [True], "ReadinessGatesNotReady"),
+    ],
+    ids=["ready", "kubelet says not ready", "no container status yet", "one container not ready", "readiness gate"],
+)
+def test_not_ready_by_the_kubelets_own_account_is_not_a_lost_node(
+    ready: str, containers: list[bool], reason: str
+) -> None:
+    from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
+
+    assert pod_state_from_k8s(_running_pod(ready, containers, reason)).reason != NODE_LOST
