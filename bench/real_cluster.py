@@ -61,12 +61,18 @@ def counted_client(kubeconfig: Path) -> tuple[Any, list[int]]:
     return client, count
 
 
-def one_job(cluster: Cluster, namespace: str, kind: str, workers: int) -> dict[str, float]:
+# The node agent runs any image's command on this machine's files; real Nodes run the image's.
+AGENT_IMAGE, AGENT_PYTHON = "registry.example/airflow-mpi-train:0.1", sys.executable
+
+
+def one_job(
+    cluster: Cluster, namespace: str, kind: str, workers: int, image: str = AGENT_IMAGE, python: str = AGENT_PYTHON
+) -> dict[str, float]:
     client, count = counted_client(cluster.kubeconfig)
     backend = KubernetesBackend(kind=kind, api_client=client, namespace=namespace)
     spec = MPIJobSpec.from_dict({
-        "name": "bench", "image": "registry.example/airflow-mpi-train:0.1",
-        "command": [sys.executable, "-c", PROGRAM], "workers": {"replicas": workers},
+        "name": "bench", "image": image,
+        "command": [python, "-c", PROGRAM], "workers": {"replicas": workers},
         "startup_timeout": 120, "timeout": 120,
     })  # fmt: skip
     identity = RunIdentity("bench", kind, uuid.uuid4().hex[:8])
@@ -88,13 +94,13 @@ def one_job(cluster: Cluster, namespace: str, kind: str, workers: int) -> dict[s
     return {"ranks_started": all_started[0] if all_started else float("nan"), "requests": count[0], "total": total}
 
 
-def pod_start_latency(cluster: Cluster, namespace: str, runs: int) -> float:
-    """A bare pod (``true``): create -> the node agent reports it ran (scheduler + agent)."""
+def pod_start_latency(cluster: Cluster, namespace: str, runs: int, image: str = "registry.example/x:1") -> float:
+    """A bare pod (``true``): create -> its Node reports it ran (scheduler + node agent or kubelet)."""
     api = cluster.api()
     times = []
     for i in range(runs):
         name = f"latency-{i}"
-        container = {"name": "c", "image": "registry.example/x:1", "command": ["true"]}
+        container = {"name": "c", "image": image, "command": ["true"]}
         spec = {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [container]}
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
         started = time.monotonic()
@@ -110,11 +116,15 @@ def pod_start_latency(cluster: Cluster, namespace: str, runs: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+LOG_IMAGE = [AGENT_IMAGE, AGENT_PYTHON]  # what the log jobs run: real_nodes.py points it at the image
+
+
 def log_job(cluster: Cluster, namespace: str, lines: int, rate: float) -> tuple[KubernetesBackend, Any]:
     backend = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+    image, python = LOG_IMAGE
     spec = MPIJobSpec.from_dict({
-        "name": "logs", "image": "registry.example/airflow-mpi-train:0.1",
-        "command": [sys.executable, "-c", LINES_PROGRAM, str(lines), str(rate)], "workers": {"replicas": 1},
+        "name": "logs", "image": image,
+        "command": [python, "-c", LINES_PROGRAM, str(lines), str(rate)], "workers": {"replicas": 1},
         "startup_timeout": 120, "timeout": 600,
     })  # fmt: skip
     return backend, plan_for(backend, spec, RunIdentity("bench", "logs", uuid.uuid4().hex[:8]))

@@ -503,6 +503,42 @@ def real_cluster(quick: bool) -> list[Figure]:
     return figures
 
 
+def real_nodes(quick: bool) -> list[Figure]:
+    """10. Real Nodes (kubelet, containerd, runc, CNI, kube-proxy, CoreDNS) against the node agent,
+    with the training image built from docker/Dockerfile: build, start, pod start, submit -> every
+    rank started per backend, and the master's log from a real kubelet."""
+    from real_nodes import WORKERS, measure
+
+    got = measure(quick)
+    built, agent = got["image"], "node agent (tests/cluster/node_agent.py)"
+    figures = [
+        figure("image: build cold (Debian base by mmdebstrap + Dockerfile by buildah)", built["cold"], "s"),
+        figure("image: build warm (inputs unchanged: the cache)", built["warm"], "s"),
+        figure("image: training image size (docker-archive, CUDA torch from PyPI)", built["size_mib"], "MiB"),
+        figure("real Nodes: images imported into the Nodes' store (once per image set)", got["store_import"], "s"),
+        figure("real Nodes: cluster up with 3 real Nodes Ready (store warm)", got["nodes_up"], "s",
+               baseline=agent, baseline_value=got["agent_up"]),
+        figure("real Nodes: bare pod create -> ran, median", got["nodes_pod_start"], "s",
+               baseline=agent, baseline_value=got["agent_pod_start"]),
+    ]  # fmt: skip
+    for workers in WORKERS[:1] if quick else WORKERS:
+        pods = got[f"pods_{workers}"]
+        for kind, name in (("mpijob", "MPIJob backend (real mpi-operator)"),
+                           ("volcano", "Volcano Job backend (real Volcano)")):  # fmt: skip
+            figures.append(figure(f"real Nodes {workers} workers: pods backend, submit -> every rank started",
+                                  pods["ranks_started"], "s", baseline=name,
+                                  baseline_value=got[f"{kind}_{workers}"]["ranks_started"]))  # fmt: skip
+    ours, kpo = got["logs"]["airflow-mpi"], got["logs"]["KubernetesPodOperator"]
+    figures += [
+        figure("real Nodes logs: master's lines into the task logger (real kubelet, apiserver log proxy)",
+               ours["plain"]["lines_per_s"], "lines/s", baseline="KubernetesPodOperator's reader, same pod",
+               baseline_value=kpo["plain"]["lines_per_s"]),
+        figure("real Nodes logs: the container's log file parsed directly (the limit)", got["logs_direct"],
+               "lines/s"),
+    ]  # fmt: skip
+    return figures
+
+
 BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "launch": (launch, True, True),
     "scaling": (scaling, True, True),
@@ -514,6 +550,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "deferred_logs": (deferred_logs, False, True),
     "real_triggerer_logs": (real_triggerer_logs, False, False),
     "real_cluster": (real_cluster, True, False),
+    "real_nodes": (real_nodes, True, False),
 }
 
 

@@ -1,0 +1,124 @@
+"""Real Nodes (tests/cluster/nodes.py: a kubelet, containerd and runc each, CNI, kube-proxy,
+CoreDNS) against the node agent they replace, and the training image they run: the image build
+cold (from the cache's record) and warm, its size; the cluster up; a bare pod's create -> ran;
+submit -> every rank started for the pods, MPIJob and Volcano backends; the master's log through
+the real apiserver's log proxy from a real kubelet, ours and KubernetesPodOperator's, against
+reading the container's log file directly (the limit)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import real_cluster  # noqa: E402
+
+from tests.cluster import image  # noqa: E402
+from tests.cluster.cluster import Cluster, built  # noqa: E402
+from tests.cluster.nodes import node_tools_built  # noqa: E402
+
+# Master + workers at 1 core each on 3 Nodes of this machine's 2 cores: 4 workers at most.
+WORKERS = (2, 4)
+IMAGE_PYTHON = "python"
+
+
+def image_figures() -> dict[str, float]:
+    t0 = time.monotonic()
+    built_images = image.build_all(log=lambda _m: None)
+    warm = time.monotonic() - t0
+    train, base = built_images["train"], built_images["base"]
+    return {
+        "cold": train.seconds + base.seconds,
+        "warm": warm,
+        "size_mib": train.size_bytes / 2**20,
+        "base_size_mib": base.size_bytes / 2**20,
+    }
+
+
+def read_log_file_directly(cluster: Cluster, namespace: str, lines: int) -> float:
+    """Lines/s of parsing the container log file the kubelet and containerd wrote (CRI format),
+    for a pod that printed ``lines`` lines: the most any reader through the apiserver could get."""
+    assert cluster.real is not None
+    api = cluster.api()
+    program = f"import sys\nfor i in range({lines}): sys.stdout.write(f'line {{i:08d}}\\n')\n"
+    container = {"name": "c", "image": image.TRAIN_IMAGE, "command": [IMAGE_PYTHON, "-c", program]}
+    spec = {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [container]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "direct"}, "spec": spec}
+    api.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    path = f"/api/v1/namespaces/{namespace}/pods/direct"
+    api.wait("direct", lambda: api.get(path)["status"].get("phase") == "Succeeded", 120, 0.1)
+    logs = [p for n in cluster.real.nodes for p in (n.workdir / "pod-logs").glob(f"{namespace}_direct_*/c/*.log")]
+    started = time.monotonic()
+    count = 0
+    with open(logs[0], encoding="utf-8") as handle:
+        for record in handle:  # "<time> stdout F <line>"
+            if record.split(" ", 3)[3]:
+                count += 1
+    elapsed = time.monotonic() - started
+    api.delete(path)
+    assert count == lines, (count, lines)
+    return count / elapsed
+
+
+def store_import_seconds() -> float:
+    """What importing the images into the Nodes' shared store took, cold (the cache's record)."""
+    from tests.cluster.nodes import NODE_STORE_CACHE
+
+    record = next(NODE_STORE_CACHE.glob("*/.complete"))
+    return float(json.loads(record.read_text())["seconds"])
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    if not (built(("etcd", "kubernetes", "mpi-operator", "volcano")) and node_tools_built()):
+        raise RuntimeError("the Nodes are not built: run `make cluster-build`")
+    results: dict[str, Any] = {"image": image_figures()}
+    archives = list(image.cached_archives().values())
+    root = Path("/var/tmp/airflow-mpi-bench")
+    root.mkdir(parents=True, exist_ok=True)
+    runs = 3 if quick else 7
+    try:
+        agent = Cluster(Path(tempfile.mkdtemp(prefix="agent-", dir=root)))
+        try:
+            agent.start()
+            results["agent_up"] = agent.timings["cluster"]
+            agent.create_namespace("bench")
+            results["agent_pod_start"] = real_cluster.pod_start_latency(agent, "bench", runs)
+        finally:
+            agent.stop()
+        cluster = Cluster(Path(tempfile.mkdtemp(prefix="nodes-", dir=root)), images=archives)
+        try:
+            cluster.start()
+            results["nodes_up"] = cluster.timings["cluster"]
+            results["store_import"] = store_import_seconds()
+            cluster.controller("mpi-operator")
+            cluster.controller("volcano")
+            namespace = "bench"
+            cluster.create_namespace(namespace)
+            results["nodes_pod_start"] = real_cluster.pod_start_latency(cluster, namespace, runs, image.BASE_IMAGE)
+            for workers in WORKERS[:1] if quick else WORKERS:
+                for kind in real_cluster.BACKENDS:
+                    results[f"{kind}_{workers}"] = real_cluster.one_job(
+                        cluster, namespace, kind, workers, image.TRAIN_IMAGE, IMAGE_PYTHON
+                    )
+            real_cluster.LOG_IMAGE[:] = [image.TRAIN_IMAGE, IMAGE_PYTHON]
+            results["logs"] = real_cluster.kpo_comparison(cluster, namespace, quick)
+            results["logs_direct"] = read_log_file_directly(cluster, namespace, 20_000 if quick else 100_000)
+            cluster.delete_namespace(namespace)
+        finally:
+            cluster.stop()
+    finally:
+        with contextlib.suppress(OSError):
+            root.rmdir()
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure("--quick" in sys.argv), indent=2))
