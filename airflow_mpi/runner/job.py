@@ -314,10 +314,11 @@ class JobRunner:
         if rank is not None:
             pods = build_rank_pods(plan.spec, plan.topology)
             where = f" on pod {pods[rank]}" if rank < len(pods) else ""
+            role = plan.spec.master if rank < len(pods) and pods[rank] == plan.master.name else plan.spec.workers
             cause = (
                 f"exited with code {out.failed_exit_code}"
                 if out.failed_exit_code is not None
-                else f"was killed by signal {out.failed_signal}"
+                else killed_cause(out.failed_signal, role.memory)
                 if out.failed_signal is not None
                 else "failed"
             )
@@ -346,3 +347,16 @@ class JobRunner:
             tail=tail,
             causes=[d.cause.value for d in diagnoses],
         )
+
+
+def killed_cause(signal: int, memory: str | None) -> str:
+    """How a rank killed by ``signal`` is told: SIGKILL out of nowhere is most often the kernel's
+    OOM killer at the pod's memory limit (on cgroup v1 it kills the rank alone, so no pod says
+    OOMKilled)."""
+    cause = f"was killed by signal {signal}"
+    if signal != 9:
+        return cause
+    oom = f"{cause} (SIGKILL, exit 137: most often the out-of-memory killer"
+    if memory:
+        return f"{oom} at the pod's memory limit, {memory}; raise the role's memory or use less)"
+    return f"{oom}; check the node's memory)"

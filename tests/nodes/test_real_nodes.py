@@ -33,12 +33,12 @@ HELLO = (
 )
 
 
-def make_plan(workers: int = 2, **fields: Any) -> JobPlan:
+def make_plan(workers: int = 2, workers_memory: str | None = None, **fields: Any) -> JobPlan:
     data: dict[str, Any] = {
         "name": "nodes",
         "image": TRAIN_IMAGE,
         "command": ["python", "-c", HELLO],
-        "workers": {"replicas": workers},
+        "workers": {"replicas": workers, **({"memory": workers_memory} if workers_memory else {})},
         "startup_timeout": 90,
         "timeout": 180,
     }
@@ -182,3 +182,25 @@ def test_a_worker_whose_kubelet_stops_ends_the_job_naming_its_node(cluster: Clus
     message = str(caught.value)
     assert f"{plan.job_name}-worker-1" in message and f"Node {node_name}" in message, message
     assert ended - at < 50 + 30, ended - at  # the grace period, then seconds
+
+
+def test_a_rank_over_its_pods_memory_limit_is_killed_by_the_kernel_and_named(cluster: Cluster, namespace: str) -> None:
+    """Worker 1's rank allocates past the pod's memory limit: the kernel's OOM killer (the
+    container's memory cgroup, set by the real kubelet) kills it with SIGKILL; the job ends at
+    once with the rank, its pod and the memory limit named."""
+    program = (
+        "from mpi4py import MPI; import time; c = MPI.COMM_WORLD\n"
+        "if c.rank == 2:\n"
+        "    hog = []\n"
+        "    while True: hog.append(bytearray(16 << 20))\n"
+        "c.Barrier()\n"
+    )
+    plan = make_plan(workers=2, command=["python", "-c", program], workers_memory="256Mi")
+    log = Log()
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as caught:
+        JobRunner(backend_for(cluster, namespace), plan, log).run()
+    message = str(caught.value)
+    assert time.monotonic() - started < 90, message
+    assert f"{plan.job_name}-worker-1" in message, message
+    assert "memory" in message.lower() and ("137" in message or "signal 9" in message), message

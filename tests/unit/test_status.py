@@ -185,3 +185,11 @@ def test_not_ready_by_the_kubelets_own_account_is_not_a_lost_node(
     from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
 
     assert pod_state_from_k8s(_running_pod(ready, containers, reason)).reason != NODE_LOST
+
+
+def test_a_rank_killed_by_sigkill_is_told_as_the_oom_killer_with_the_limit() -> None:
+    from airflow_mpi.runner.job import killed_cause
+
+    assert "memory limit, 256Mi" in killed_cause(9, "256Mi") and "exit 137" in killed_cause(9, "256Mi")
+    assert "node's memory" in killed_cause(9, None)
+    assert killed_cause(15, "1Gi") == "was killed by signal 15"
