@@ -615,6 +615,16 @@ class RealNodes:
             found += [f"{node.name} container {c['metadata']['name']} ({c['state']})" for c in node.containers()]
         return sorted(found)
 
+    def running_containers(self, namespace: str) -> list[str]:
+        """The containers of ``namespace``'s pods still running in any Node's runtime."""
+        return sorted(
+            f"{node.name}: {c['labels'].get('io.kubernetes.pod.name')}/{c['metadata']['name']}"
+            for node in self.nodes
+            for c in node.containers()
+            if c.get("state") == "CONTAINER_RUNNING"
+            and c.get("labels", {}).get("io.kubernetes.pod.namespace") == namespace
+        )
+
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
 
