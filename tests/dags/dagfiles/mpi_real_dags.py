@@ -53,3 +53,22 @@ with DAG("mpi_test_real_kinds", schedule=None, start_date=START, catchup=False):
                        mpi_conn_id=f"mpi_real_{kind}", deferrable=True, retries=0)  # fmt: skip
         MPIJobOperator(task_id=f"{kind}_rank", job={**REAL_JOB, "name": f"{kind[:3]}rank", "command": FAILING_RANK},
                        mpi_conn_id=f"mpi_real_{kind}", deferrable=True, retries=0)  # fmt: skip
+
+# Deferred failures on real Nodes (tests/nodes/test_deferred_nodes.py): the training image's own
+# Python, through the connection ``mpi_nodes``; each task ends failed, with its cause named.
+NODE_JOB = {"name": "ndef", "image": "localhost/airflow-mpi-train:dev", "workers": {"replicas": 2},
+            "startup_timeout": 90, "timeout": 120}  # fmt: skip
+MEMORY_HOG = (
+    "from mpi4py import MPI; c = MPI.COMM_WORLD\n"
+    "if c.rank == 2:\n    hog = []\n    while True: hog.append(bytearray(16 << 20))\n"
+    "c.Barrier()\n"
+)
+
+with DAG("mpi_test_nodes_deferred", schedule=None, start_date=START, catchup=False):
+    for task_id, job in (
+        ("rank_exit", {**NODE_JOB, "command": ["python", *FAILING_RANK[1:]]}),
+        ("oom", {**NODE_JOB, "command": ["python", "-c", MEMORY_HOG], "workers": {"replicas": 2, "memory": "256Mi"}}),
+        ("timeout", {**NODE_JOB, "command": ["python", "-c", "import time; time.sleep(600)"], "timeout": 20}),
+    ):
+        MPIJobOperator(task_id=task_id, job={**job, "name": f"ndef-{task_id.replace('_', '')}"},
+                       mpi_conn_id="mpi_nodes", deferrable=True, retries=0)  # fmt: skip
