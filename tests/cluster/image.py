@@ -205,14 +205,23 @@ def build_train(log=print, force: bool = False, python: Path | None = None) -> B
 PAUSE_IMAGE = "localhost/pause:3.10"
 
 
+def _pause_source() -> Path:
+    """pause.c of the Kubernetes release the Nodes run (copied beside their binaries)."""
+    from tests.cluster.build import COMPONENTS, assets_dir
+
+    return assets_dir(COMPONENTS["kubernetes-node"]) / "build" / "pause" / "linux" / "pause.c"
+
+
+def pause_key() -> str:
+    return _digest([RECIPE_VERSION.encode(), _pause_source().read_bytes()])
+
+
 def build_pause(log=print, force: bool = False) -> Built:
     """The pod sandbox's pause container, from the Kubernetes source (``build/pause/linux/pause.c``,
     copied beside the node binaries by tests/cluster/build.py) compiled statically here: there is
     no registry to pull it from."""
-    from tests.cluster.build import COMPONENTS, assets_dir
-
-    source = assets_dir(COMPONENTS["kubernetes-node"]) / "build" / "pause" / "linux" / "pause.c"
-    folder = cache_dir() / f"pause-{_digest([RECIPE_VERSION.encode(), source.read_bytes()])}"
+    source = _pause_source()
+    folder = cache_dir() / f"pause-{pause_key()}"
     archive = folder / "image.tar"
     if not force and (hit := _cached(PAUSE_IMAGE, archive)):
         return hit
@@ -237,13 +246,10 @@ def build_pause(log=print, force: bool = False) -> Built:
 def cached_archives() -> dict[str, Path]:
     """The pause, base and training images of this checkout's inputs, where all three are built
     (``make image``); else empty."""
-    from tests.cluster.build import COMPONENTS, assets_dir
-
-    source = assets_dir(COMPONENTS["kubernetes-node"]) / "build" / "pause" / "linux" / "pause.c"
-    if not source.exists():
+    if not _pause_source().exists():
         return {}
     folders = {
-        "pause": f"pause-{_digest([RECIPE_VERSION.encode(), source.read_bytes()])}",
+        "pause": f"pause-{pause_key()}",
         "base": f"base-{base_key()}",
         "train": f"train-{train_key()}",
     }

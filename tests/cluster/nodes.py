@@ -31,7 +31,7 @@ import socket
 import struct
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -276,7 +276,6 @@ class Node:
     state: Path
     kubelet: Process | None = None
     containerd: Process | None = None
-    cgroups: list[Path] = field(default_factory=list)
 
     @property
     def socket(self) -> Path:
@@ -455,18 +454,18 @@ class RealNodes:
             if hierarchy.name == "cpuset":
                 for key in ("cpuset.cpus", "cpuset.mems"):
                     (path / key).write_text((hierarchy / key).read_text())
-            node.cgroups.append(path)
 
     def _remove_cgroups(self, node: Node) -> None:
+        """The Node's cgroup root in every hierarchy, deepest first (the kubelet's kubepods tree)."""
         for hierarchy in sorted(CGROUP_ROOT.iterdir()):
-            for root in (hierarchy / node.cgroup_name,):
-                if not root.is_dir():
-                    continue
-                for child in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                    with contextlib.suppress(OSError):
-                        child.rmdir()
+            root = hierarchy / node.cgroup_name
+            if not root.is_dir():
+                continue
+            for child in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                 with contextlib.suppress(OSError):
-                    root.rmdir()
+                    child.rmdir()
+            with contextlib.suppress(OSError):
+                root.rmdir()
 
     def _start_kubelet(self, node: Node) -> None:
         self._make_cgroups(node)
