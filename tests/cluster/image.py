@@ -115,6 +115,12 @@ class Buildah:
         _run([*base, *args], lambda _: None, cwd=cwd)
         self.log(f"image: buildah {args[0]} in {time.monotonic() - t0:.0f} s")
 
+    def save(self, image: str, archive: Path) -> None:
+        """``image`` as a docker-archive (what ``ctr images import`` reads), whole or not at all."""
+        partial = archive.with_suffix(".partial")
+        self("push", "--quiet", image, f"docker-archive:{partial}:{image}")
+        partial.rename(archive)
+
     def close(self) -> None:
         # chroot isolation leaves nothing mounted; a root-owned tree of image layers is all there is.
         shutil.rmtree(self.root, ignore_errors=True)
@@ -164,9 +170,7 @@ def build_base(log=print, force: bool = False) -> Built:
         buildah("add", "base", str(rootfs), "/")
         buildah("config", "--cmd", "bash", "--env", "LANG=C.UTF-8", "base")
         buildah("commit", "--quiet", "base", BASE_IMAGE)
-        partial = archive.with_suffix(".partial")
-        buildah("push", "--quiet", BASE_IMAGE, f"docker-archive:{partial}:{BASE_IMAGE}")
-        partial.rename(archive)
+        buildah.save(BASE_IMAGE, archive)
     finally:
         buildah.close()
     return _finish(BASE_IMAGE, archive, started, log)
@@ -194,9 +198,7 @@ def build_train(log=print, force: bool = False, python: Path | None = None) -> B
         buildah("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--layers=false",
                 "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", *volumes,
                 "-f", "docker/Dockerfile", "-t", TRAIN_IMAGE, ".", cwd=REPO)  # fmt: skip
-        partial = archive.with_suffix(".partial")
-        buildah("push", "--quiet", TRAIN_IMAGE, f"docker-archive:{partial}:{TRAIN_IMAGE}")
-        partial.rename(archive)
+        buildah.save(TRAIN_IMAGE, archive)
     finally:
         buildah.close()
     return _finish(TRAIN_IMAGE, archive, started, log)
@@ -235,9 +237,7 @@ def build_pause(log=print, force: bool = False) -> Built:
         buildah("copy", "pause", str(binary), "/pause")
         buildah("config", "--entrypoint", '["/pause"]', "--user", "65535:65535", "pause")
         buildah("commit", "--quiet", "pause", PAUSE_IMAGE)
-        partial = archive.with_suffix(".partial")
-        buildah("push", "--quiet", PAUSE_IMAGE, f"docker-archive:{partial}:{PAUSE_IMAGE}")
-        partial.rename(archive)
+        buildah.save(PAUSE_IMAGE, archive)
     finally:
         buildah.close()
     return _finish(PAUSE_IMAGE, archive, started, log)
