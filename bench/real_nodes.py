@@ -68,6 +68,76 @@ def read_log_file_directly(cluster: Cluster, namespace: str, lines: int) -> floa
     return count / elapsed
 
 
+def training_in_containers(cluster: Cluster, namespace: str, epochs: int) -> dict[str, float]:
+    """The example's training (3 pods, 1 rank each) through the runner, then the same script
+    under a bare ``mpiexec -np 3`` run in the same job's master container (``kubectl exec``),
+    same hosts, ssh configuration, btl and env: rank 0's optimizer steps per second of each."""
+    import threading
+
+    import training
+    from kubernetes import client
+    from kubernetes.stream import stream
+    from launch_overhead import _quietly
+
+    from airflow_mpi.backends.kubernetes import KubernetesBackend
+    from airflow_mpi.job.naming import RunIdentity
+    from airflow_mpi.job.plan import render_plan
+    from airflow_mpi.job.topology import render_mpi_hosts
+    from airflow_mpi.runner.job import JobRunner
+    from airflow_mpi.spec import MPIJobSpec
+    from tests.cluster.conftest import api_client
+
+    training.prepare_data()
+    data = str(training.DATA)
+
+    def plan_of(command: list[str], name: str) -> Any:
+        spec = {"name": name, "image": image.TRAIN_IMAGE, "command": command, "workers": {"replicas": 2},
+                "env": training.ENV, "mpi": {"btl": "tcp,self"}, "timeout": 900,
+                "pod": {"volumes": [{"name": "data", "host_path": data, "mount_path": data}]}}  # fmt: skip
+        return render_plan(MPIJobSpec.from_dict(spec), RunIdentity("bench", name, f"t-{time.time_ns()}"))
+
+    def command() -> list[str]:
+        checkpoints = f"{data}/checkpoints-{time.time_ns()}"
+        script = "/app/train_digits.py"  # the image's copy
+        return [IMAGE_PYTHON, script, "--data", data, "--epochs", str(epochs), "--checkpoints", checkpoints]
+
+    backend = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+    try:
+        ours = JobRunner(backend, plan_of(command(), "train"), lambda _t: None).run().result
+        held = plan_of(["sleep", "900"], "bare")
+        runner = JobRunner(backend, held, lambda _t: None)
+        thread = threading.Thread(target=lambda: _quietly(runner.run), daemon=True)  # ends when torn down
+        thread.start()
+        core = client.CoreV1Api(backend.api_client)
+        api = cluster.api()
+        master = f"/api/v1/namespaces/{namespace}/pods/{held.master.name}"
+        api.wait("the held master running", lambda: ((api.get_or_none(master) or {}).get("status") or {}).get("phase") == "Running", 180, 0.5)
+        time.sleep(5)  # the job's own mpiexec has started its sleeping ranks
+        topology = held.topology
+        ranks_env = ('RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE '
+                     'LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK exec "$@"')  # fmt: skip
+        argv = [
+            "mpiexec", "--allow-run-as-root", "--host", render_mpi_hosts(topology), "-np", str(topology.np),
+            "--mca", "orte_keep_fqdn_hostnames", "1", "--mca", "plm_rsh_args", f"-F {held.paths.ssh_config}",
+            "--mca", "btl", "tcp,self", *[a for k, v in training.ENV.items() for a in ("-x", f"{k}={v}")],
+            "-x", f"MASTER_ADDR={topology.rank0_host}", "-x", "MASTER_PORT=29501",
+            "bash", "-c", ranks_env, "rank", *command(),
+        ]  # fmt: skip
+        out = stream(core.connect_get_namespaced_pod_exec, held.master.name, namespace, command=argv,
+                     stderr=True, stdout=True, stdin=False, tty=False, _request_timeout=900)  # fmt: skip
+        found = [line for line in out.splitlines() if line.startswith(training.RESULT)]
+        if not found:
+            raise RuntimeError(f"bare mpiexec in the container reported nothing: {out[-2000:]}")
+        bare = json.loads(found[-1][len(training.RESULT) :])
+        runner.teardown()
+        thread.join(60)
+    finally:
+        import shutil
+
+        shutil.rmtree(training.DATA, ignore_errors=True)
+    return {"operator_steps_per_s": ours["steps_per_second"], "bare_steps_per_s": bare["steps_per_second"]}
+
+
 def store_import_seconds() -> float:
     """What importing the images into the Nodes' shared store took, cold (the cache's record)."""
     from tests.cluster.nodes import NODE_STORE_CACHE
@@ -111,6 +181,7 @@ def measure(quick: bool) -> dict[str, Any]:
             real_cluster.LOG_IMAGE[:] = [image.TRAIN_IMAGE, IMAGE_PYTHON]
             results["logs"] = real_cluster.kpo_comparison(cluster, namespace, quick)
             results["logs_direct"] = read_log_file_directly(cluster, namespace, 20_000 if quick else 100_000)
+            results["training"] = training_in_containers(cluster, namespace, 10 if quick else 40)
             cluster.delete_namespace(namespace)
         finally:
             cluster.stop()

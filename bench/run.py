@@ -535,6 +535,9 @@ def real_nodes(quick: bool) -> list[Figure]:
                baseline_value=kpo["plain"]["lines_per_s"]),
         figure("real Nodes logs: the container's log file parsed directly (the limit)", got["logs_direct"],
                "lines/s"),
+        figure("real Nodes training: the example's steps/s (rank 0, 3 ranks on 3 Nodes) through the runner",
+               got["training"]["operator_steps_per_s"], "steps/s",
+               baseline="bare mpiexec in the same containers", baseline_value=got["training"]["bare_steps_per_s"]),
     ]  # fmt: skip
     return figures
 

@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 HELLO = (
     "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD\n"
     "print(f'Hello, World! I am process {c.rank} of {c.size} on {socket.gethostname()}', flush=True)\n"
+    "import os; shm = os.statvfs('/dev/shm')\n"
     "seen = c.gather({'host': socket.gethostname(), 'fqdn': socket.getfqdn(), 'ip': socket.gethostbyname(socket.gethostname()),\n"
-    "                 'node': open('/etc/hostname').read().strip()})\n"
+    "                 'node': open('/etc/hostname').read().strip(), 'shm': shm.f_blocks * shm.f_frsize})\n"
     "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'size': c.size, 'sum': c.allreduce(c.rank + 1), 'seen': seen}))\n"
     "else: c.allreduce(c.rank + 1)\n"
 )
@@ -50,6 +51,14 @@ def backend_for(cluster: Cluster, namespace: str) -> KubernetesBackend:
     return KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
 
 
+def failure(cluster: Cluster, namespace: str, plan: JobPlan, error: type[Exception] = JobFailed) -> tuple[str, float]:
+    """Run the job expecting ``error``: its message and the seconds until it came."""
+    started = time.monotonic()
+    with pytest.raises(error) as caught:
+        JobRunner(backend_for(cluster, namespace), plan, Log()).run()
+    return str(caught.value), time.monotonic() - started
+
+
 def pod_nodes(cluster: Cluster, namespace: str, job: str) -> dict[str, str]:
     pods = cluster.api().get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"airflow-mpi.io/job={job}")
     return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods["items"]}
@@ -57,7 +66,7 @@ def pod_nodes(cluster: Cluster, namespace: str, job: str) -> dict[str, str]:
 
 def test_hello_world_runs_one_rank_per_node_with_names_from_coredns(cluster: Cluster, namespace: str) -> None:
     backend = backend_for(cluster, namespace)
-    plan = make_plan(workers=2)
+    plan = make_plan(workers=2, pod={"shm_size": "256Mi"})
     log = Log()
     placed: dict[str, str] = {}
 
@@ -77,6 +86,8 @@ def test_hello_world_runs_one_rank_per_node_with_names_from_coredns(cluster: Clu
     assert sorted(placed.values()) == ["node-0", "node-1", "node-2"], placed
     assert all(seen["ip"].startswith("10.244.") for seen in result.result["seen"]), result.result["seen"]
     assert len({seen["ip"] for seen in result.result["seen"]}) == 3
+    # pod.shm_size: the kubelet sizes the memory-backed /dev/shm of every pod to it.
+    assert [seen["shm"] for seen in result.result["seen"]] == [256 << 20] * 3, result.result["seen"]
     assert sum("Hello, World! I am process" in line for line in log) == 3
     assert backend.leftovers(job) == []
     assert job_objects(cluster.api(), namespace) == []
@@ -85,46 +96,31 @@ def test_hello_world_runs_one_rank_per_node_with_names_from_coredns(cluster: Clu
 def test_a_rank_that_exits_3_ends_the_job_and_is_named(cluster: Cluster, namespace: str) -> None:
     program = "from mpi4py import MPI; import sys\nif MPI.COMM_WORLD.rank == 2: sys.exit(3)\nMPI.COMM_WORLD.Barrier()\n"
     plan = make_plan(workers=2, command=["python", "-m", "mpi4py", "-c", program])
-    log = Log()
-    started = time.monotonic()
-    with pytest.raises(JobFailed) as caught:
-        JobRunner(backend_for(cluster, namespace), plan, log).run()
-    assert time.monotonic() - started < 120
-    message = str(caught.value)
-    assert "exit" in message.lower() and "3" in message, message
+    message, seconds = failure(cluster, namespace, plan)
+    assert seconds < 120, message
+    assert f"rank 2 on pod {plan.job_name}-worker-1 exited with code 3" in message, message
 
 
 def test_an_image_without_sshd_is_named_not_timed_out(cluster: Cluster, namespace: str) -> None:
     plan = make_plan(workers=1, image=BASE_IMAGE, startup_timeout=120)
-    log = Log()
-    started = time.monotonic()
-    with pytest.raises(JobFailed) as caught:
-        JobRunner(backend_for(cluster, namespace), plan, log).run()
-    elapsed = time.monotonic() - started
-    message = str(caught.value)
-    assert elapsed < 90, (elapsed, message)
+    message, seconds = failure(cluster, namespace, plan)
+    assert seconds < 90, message
     assert "sshd" in message, message
 
 
 def test_an_image_not_on_the_node_is_named(cluster: Cluster, namespace: str) -> None:
     plan = make_plan(workers=1, image="localhost/airflow-mpi-absent:1", pod={"image_pull_policy": "Never"})
-    log = Log()
-    started = time.monotonic()
-    with pytest.raises(JobFailed) as caught:
-        JobRunner(backend_for(cluster, namespace), plan, log).run()
-    message = str(caught.value)
-    assert time.monotonic() - started < 60, message
+    message, seconds = failure(cluster, namespace, plan)
+    assert seconds < 60, message
     assert "ErrImageNeverPull" in message and "localhost/airflow-mpi-absent:1" in message, message
 
 
 def test_the_job_timeout_ends_it_on_real_nodes(cluster: Cluster, namespace: str) -> None:
     program = "import time\nprint('training', flush=True)\ntime.sleep(600)\n"
     plan = make_plan(workers=1, command=["python", "-c", program], timeout=20)
-    log = Log()
-    started = time.monotonic()
-    with pytest.raises(JobTimeout):
-        JobRunner(backend_for(cluster, namespace), plan, log).run()
-    assert time.monotonic() - started < 90
+    message, seconds = failure(cluster, namespace, plan, JobTimeout)
+    assert seconds < 90, message
+    assert "timeout of 20s" in message, message
 
 
 def test_a_job_without_root_in_a_restricted_namespace(cluster: Cluster) -> None:
@@ -196,12 +192,8 @@ def test_a_rank_over_its_pods_memory_limit_is_killed_by_the_kernel_and_named(clu
         "c.Barrier()\n"
     )
     plan = make_plan(workers=2, command=["python", "-c", program], workers_memory="256Mi")
-    log = Log()
-    started = time.monotonic()
-    with pytest.raises(JobFailed) as caught:
-        JobRunner(backend_for(cluster, namespace), plan, log).run()
-    message = str(caught.value)
-    assert time.monotonic() - started < 90, message
+    message, seconds = failure(cluster, namespace, plan)
+    assert seconds < 90, message
     assert f"{plan.job_name}-worker-1" in message, message
     assert "memory" in message.lower() and ("137" in message or "signal 9" in message), message
 
