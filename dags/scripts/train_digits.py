@@ -6,11 +6,12 @@ plain torch.distributed code would work the same. DeepSpeed is a library here, n
 (``mpiexec ... deepspeed train.py`` would start a second launcher whose ranks clash with mpiexec's).
 
 Every epoch ends with a DeepSpeed checkpoint in ``<data>/checkpoints`` (every rank saves its
-part), and a start loads the newest complete one and goes on from the next epoch: a retry of the
-task after a lost worker resumes instead of starting over. The data directory is the run's own,
-so a retry finds its own run's checkpoints and never another run's. Each epoch's sample order
-depends only on ``--seed``, the rank and the epoch, so a resumed run trains on what an unbroken one
-would have.
+part, then rank 0 writes a completion marker), and a start loads the newest complete one and goes
+on from the next epoch: a retry of the task after a lost worker resumes instead of starting over,
+and a checkpoint torn by a save cut short is passed over for the one before, saying so. The data
+directory is the run's own, so a retry finds its own run's checkpoints and never another run's.
+Each epoch's sample order depends only on ``--seed``, the rank and the epoch, so a resumed run
+trains on what an unbroken one would have.
 
 Rank 0 writes ``model.pt`` to the data directory and prints its metrics on a line starting
 with ``AIRFLOW_MPI_RESULT`` (the operator returns them through XCom).
@@ -28,8 +29,10 @@ from pathlib import Path
 
 # The file naming the newest complete checkpoint (DeepSpeed's own name: load_checkpoint reads it).
 LATEST = "latest"
-# Beside each epoch's files: how many ranks wrote them (a resume needs as many).
-WORLD_SIZE = "world_size"
+# Written last into each epoch's directory, atomically, by rank 0 once every rank has saved: the
+# world size that wrote it (a resume needs as many ranks) and each file's size. An epoch without
+# it, or whose files differ from it, is torn and is never resumed from.
+COMPLETE = "COMPLETE.json"
 
 
 def parse_args() -> argparse.Namespace:
@@ -163,7 +166,8 @@ def resume(engine: object, directory: Path, epochs: int, dist: object) -> int:
     import torch
 
     rank, world = dist.get_rank(), dist.get_world_size()  # type: ignore[attr-defined]
-    choice = torch.tensor(newest_epoch(directory) if rank == 0 else (0, 0))
+    newest, passed = newest_complete(directory) if rank == 0 else ((0, 0), [])
+    choice = torch.tensor(newest)
     dist.broadcast(choice, src=0)  # type: ignore[attr-defined]
     done, saved_world = (int(v) for v in choice.tolist())
     if done and saved_world != world:
@@ -177,23 +181,33 @@ def resume(engine: object, directory: Path, epochs: int, dist: object) -> int:
     if path is None:
         raise RuntimeError(f"checkpoint {directory / epoch_tag(done)} could not be loaded; delete it to start over")
     if rank == 0:
-        print(f"resumed from checkpoint epoch {done} (of {epochs}) in {directory}", flush=True)
+        why = f": the newest complete one ({'; '.join(passed)})" if passed else ""
+        print(f"resumed from checkpoint epoch {done} (of {epochs}) in {directory}{why}", flush=True)
     return done
 
 
 def save(engine: object, directory: Path, epoch: int, keep: int, rank: int, world: int) -> None:
     """Every rank saves its part (DeepSpeed's rule: each holds its own optimizer shard). Only once
-    all have (save_checkpoint ends in a barrier) does rank 0 name the epoch in ``latest``, by an
-    atomic rename: a rank killed mid-save leaves the previous epoch the newest complete one."""
+    all have (save_checkpoint ends in a barrier) does rank 0 write the epoch's completion marker
+    and name it in ``latest``, each by an atomic rename: a rank killed mid-save leaves an epoch
+    without a marker, and the previous one the newest complete one."""
+    folder = directory / epoch_tag(epoch)
+    if rank == 0:  # a marker left by an earlier try that saved this epoch too no longer holds
+        (folder / COMPLETE).unlink(missing_ok=True)
     engine.save_checkpoint(str(directory), tag=epoch_tag(epoch), save_latest=False)  # type: ignore[attr-defined]
     if rank != 0:
         return
-    (directory / epoch_tag(epoch) / WORLD_SIZE).write_text(str(world))
-    staging = directory / f".{LATEST}.tmp"
-    staging.write_text(epoch_tag(epoch))
-    staging.replace(directory / LATEST)
+    files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    write_atomically(folder / COMPLETE, json.dumps({"epoch": epoch, "world_size": world, "files": files}))
+    write_atomically(directory / LATEST, epoch_tag(epoch))
     for old in sorted(directory.glob("epoch*"), key=tag_epoch)[: -max(keep, 1)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(text)
+    staging.replace(path)
 
 
 def epoch_tag(epoch: int) -> str:
@@ -205,14 +219,36 @@ def tag_epoch(path: Path) -> int:
     return int(text) if text.isdigit() else -1
 
 
-def newest_epoch(directory: Path) -> tuple[int, int]:
-    """The epoch ``latest`` names and the world size that wrote it; (0, 0) when there is none."""
+def newest_complete(directory: Path) -> tuple[tuple[int, int], list[str]]:
+    """(epoch, world size) of the newest complete checkpoint, (0, 0) when there is none; and why
+    each newer one was passed over."""
+    passed = []
+    for folder in sorted(directory.glob("epoch*"), key=tag_epoch, reverse=True):
+        if tag_epoch(folder) <= 0:
+            continue
+        problem, world = torn(folder)
+        if problem is None:
+            return (tag_epoch(folder), world), passed
+        passed.append(f"epoch {tag_epoch(folder)} is torn: {problem}")
+    return (0, 0), passed
+
+
+def torn(folder: Path) -> tuple[str | None, int]:
+    """Why this epoch's checkpoint cannot be resumed from (None: it is complete), and its world size."""
     try:
-        tag = directory / (directory / LATEST).read_text().strip()
-        epoch, world = tag_epoch(tag), int((tag / WORLD_SIZE).read_text())
-    except (FileNotFoundError, ValueError):
-        return 0, 0
-    return (epoch, world) if epoch > 0 else (0, 0)
+        marker = json.loads((folder / COMPLETE).read_text())
+        world, files = int(marker["world_size"]), dict(marker["files"])
+    except FileNotFoundError:
+        return "no completion marker (its save did not finish)", 0
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"its completion marker is unreadable ({error})", 0
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing", world
+        if path.stat().st_size != size:
+            return f"{name} is {path.stat().st_size} bytes, {size} when it was saved", world
+    return None, world
 
 
 def min_over_ranks(value: int, dist: object) -> int:
