@@ -5,7 +5,11 @@ or the same error the synchronous flow raises.
 
 from __future__ import annotations
 
-from typing import Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, TypedDict
+
+if TYPE_CHECKING:
+    from airflow_mpi.exceptions import JobFailed
+    from airflow_mpi.observe.progress import Hang
 
 # The two waits. A wait that ends well fires an event whose status is the wait's own name.
 WAIT_FINISHED: Final = "finished"  # until the master ends (what the operator defers for)
@@ -34,6 +38,7 @@ class Outcome(_Status, total=False):
     queued: bool  # STATUS_TIMEOUT: past scheduling.queue_timeout (``reason`` is the whole error)
     starting: bool  # before every worker was Ready (STATUS_TIMEOUT: not within startup_timeout)
     never_starts: bool  # STATUS_FAILED: the job's controller refused or failed it before its pods ran
+    hung: dict[str, Any]  # STATUS_FAILED by the hang watchdog: ``observe.progress.Hang.to_dict()``
 
 
 class JobEvent(Outcome):
@@ -44,3 +49,28 @@ class JobEvent(Outcome):
     at: float  # epoch seconds when it fired
     try_number: int  # the try that created the job (its name hashes it)
     marks: dict[str, float]  # phase -> epoch seconds so far (the result's timings)
+
+
+def rank_failure_outcome(failure: JobFailed, log_lines: int) -> Outcome:
+    """The master's output failed the world-size check: the whole error travels."""
+    return {
+        "status": STATUS_FAILED,
+        "pod": failure.pod,
+        "rank": failure.rank,
+        "exit_code": None,
+        "reason": str(failure).split("\n", 1)[0],
+        "message": str(failure),
+        "log_lines": log_lines,
+    }
+
+
+def hang_outcome(hang: Hang, log_lines: int) -> Outcome:
+    """Silent past ``progress_timeout``: the resumed task takes the stacks, then ends the job."""
+    return {
+        "status": STATUS_FAILED,
+        "pod": None,
+        "exit_code": None,
+        "reason": hang.summary(),
+        "hung": hang.to_dict(),
+        "log_lines": log_lines,
+    }

@@ -96,5 +96,10 @@ class JobFailed(MPIJobError):
         super().__init__(message)
 
 
+class JobHung(JobFailed):
+    """No rank made progress for ``progress_timeout``: every rank's stack was logged, then the job
+    was ended."""
+
+
 class JobTimeout(JobFailed):
     """The job ran past its ``timeout`` and was ended."""

@@ -27,12 +27,12 @@ def documented_role_rules(page: Path = RBAC_GUIDE) -> list[dict[str, Any]]:
 
 
 def documented_added_rules(page: Path = RBAC_GUIDE) -> dict[str, list[dict[str, Any]]]:
-    """What the guide says each backend and gang setting adds: ``backend: X`` / ``gang: Y`` (the
-    first comment of each YAML list of rules) -> its rules."""
+    """What the guide says each backend, gang setting and spec field adds: ``backend: X`` / ``gang: Y``
+    / ``progress_timeout`` (the first comment of each YAML list of rules) -> its rules."""
     found: dict[str, list[dict[str, Any]]] = {}
     for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S):
         first = block.splitlines()[0]
-        named = re.match(r"# ((?:backend|gang): [a-z]+)", first)
+        named = re.match(r"# ((?:backend|gang): [a-z]+|progress_timeout)\b", first)
         if named:
             found[named.group(1)] = list(yaml.safe_load(block))
     return found

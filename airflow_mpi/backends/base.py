@@ -115,6 +115,17 @@ class QueueAwareBackend(Backend, Protocol):
 
 
 @runtime_checkable
+class StackBackend(Backend, Protocol):
+    """A backend that can ask a running job's pods for their ranks' Python stacks (the hang
+    watchdog, ``airflow-mpi stacks``): each pod runs ``launch.sh stacks``, as ``kubectl exec``
+    would run it."""
+
+    def take_stacks(self, job_name: str, wait: int) -> tuple[dict[str, str], dict[str, str]]:
+        """Each running pod's ``launch.sh stacks <wait>`` output (pod -> text), and the pods that
+        could not be asked (pod -> why). Never raises for one pod."""
+
+
+@runtime_checkable
 class PlanningBackend(Backend, Protocol):
     """A backend whose controller fixes names or paths of the pods (mpi-operator names the master
     ``<job>-launcher`` and mounts its own files at ``/etc/mpi``): it renders the plan itself, so

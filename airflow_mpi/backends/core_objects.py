@@ -226,6 +226,32 @@ class CoreObjects:
         timeout = self.silence.request_timeout(time.monotonic(), read=read_timeout)
         return self.api_client.call_api(path, "GET", **arguments, _request_timeout=timeout)
 
+    def exec_in_pod(
+        self, namespace: str, pod: str, argv: builtins.list[str], timeout: float
+    ) -> tuple[int | None, str, str]:
+        """Run ``argv`` in the pod's job container (``kubectl exec``): exit code, stdout, stderr.
+        Through its own client: the websocket call swaps its client's ``request`` while it runs,
+        which must not touch the client the pod watch's thread uses."""
+        from kubernetes.client import ApiClient, CoreV1Api
+        from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import STDERR_CHANNEL, STDOUT_CHANNEL
+
+        with ApiClient(self.api_client.configuration) as own:
+            try:
+                session = stream(
+                    CoreV1Api(own).connect_get_namespaced_pod_exec, pod, namespace,
+                    container=contract.CONTAINER_NAME, command=argv, stdin=False, stdout=True, stderr=True,
+                    tty=False, _preload_content=False, _request_timeout=timeout,
+                )  # fmt: skip
+            except Exception as error:
+                raise translate(error, ApiRequest("create", "pods/exec", namespace, pod), self.api_url) from error
+            try:
+                session.run_forever(timeout=timeout)
+                out, err = session.read_channel(STDOUT_CHANNEL), session.read_channel(STDERR_CHANNEL)
+                return session.returncode, out, err
+            finally:
+                session.close()
+
     def read_log(self, namespace: str, pod: str) -> bytes:
         """The pod's whole log as it is now (translated errors; 404 when the pod is not there)."""
         try:

@@ -24,9 +24,11 @@ import copy
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
+from airflow_mpi import contract
 from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.backends.core_objects import CoreObjects
 from airflow_mpi.backends.creation import JobCreation
@@ -42,6 +44,7 @@ from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.kinds.permissions import missing_permissions, render_missing
 from airflow_mpi.kinds.strategy import JobKind, job_kind
 from airflow_mpi.observe.readiness import HostProbe, probes_from_states
+from airflow_mpi.observe.stacks import stacks_command
 from airflow_mpi.observe.status import PodPhase, PodState, pod_state_from_k8s
 from airflow_mpi.spec import MPIJobSpec, Role
 
@@ -334,6 +337,36 @@ class KubernetesBackend:
         job = self._job(job_name)
         return self.objects.log_tail(job.namespace, self._master_pod(job) if pod == job.master else pod, lines)
 
+    def take_stacks(self, job_name: str, wait: int) -> tuple[dict[str, str], dict[str, str]]:
+        """``launch.sh stacks`` in every running pod of the job at once, through the exec API.
+        Lists the pods itself, so ``airflow-mpi stacks`` can ask a job another process runs."""
+        job = self._jobs.get(job_name)
+        namespace = job.namespace if job is not None else (self._namespace or "default")
+        pods = self.objects.list(namespace, "pods", job_selector(job_name))
+        if not pods:
+            raise JobNotFound(f"no pods of job {job_name} in namespace {namespace}")
+        running = {
+            p["metadata"]["name"]: stacks_command(pod_launch_script(p), wait)
+            for p in pods
+            if (p.get("status") or {}).get("phase") == "Running"
+        }
+        outputs: dict[str, str] = {}
+        errors: dict[str, str] = {}
+
+        def ask(pod: str) -> None:
+            try:
+                code, out, err = self.objects.exec_in_pod(namespace, pod, running[pod], timeout=wait + 15)
+            except Exception as error:  # one pod's answer; the others still count
+                errors[pod] = str(error).split("\n", 1)[0]
+                return
+            outputs[pod] = out
+            if code not in (0, None):
+                errors[pod] = (err.strip().splitlines() or [f"exit code {code}"])[-1]
+
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(running)))) as pool:
+            list(pool.map(ask, running))
+        return outputs, errors
+
     def release(self, job_name: str) -> None:
         """Stop watching a job without touching it (a sensor's poke is done)."""
         job = self._jobs.pop(job_name, None)
@@ -415,3 +448,14 @@ def configure_client(configuration: Any, concurrency: int = 16) -> Any:
     configuration.connection_pool_maxsize = max(concurrency + 4, 16)
     configuration.retries = 0
     return configuration
+
+
+def pod_launch_script(pod: Mapping[str, Any]) -> str:
+    """Where the launch script is in this pod: its config directory (``AIRFLOW_MPI_CONFIG_DIR``
+    when a kind moves it, as an MPIJob's pods do) plus ``launch.sh``."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == contract.CONTAINER_NAME:
+            for var in container.get("env") or []:
+                if var.get("name") == contract.ENV_CONFIG_DIR and var.get("value"):
+                    return f"{var['value']}/launch.sh"
+    return contract.DEFAULT_PATHS.launch_script

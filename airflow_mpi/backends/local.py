@@ -38,13 +38,14 @@ from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.job.ssh import KEY_DIR_MODE, KEY_FILE_MODE, build_ssh_probe_argv
 from airflow_mpi.observe.lines import RankLineSplitter
 from airflow_mpi.observe.readiness import HostProbe, HostProblem, classify_ssh_result
+from airflow_mpi.observe.stacks import stacks_command
 from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.spec import Role
 
 log = logging.getLogger(__name__)
 DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
 PRIVATE_ROOTS = ("/tmp",)  # every local pod mounts its own empty tmpfs here
-REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "ssh", "mpiexec", "bash")
+REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "nsenter", "ssh", "mpiexec", "bash")
 SSHD = "/usr/sbin/sshd"
 READ_CHUNK = 1 << 20
 # The master's log file (in memory, under /run) keeps its last MASTER_LOG_KEEP bytes once it
@@ -351,6 +352,30 @@ class LocalBackend:
         except FileNotFoundError:
             return []
         return [line for line in text.splitlines() if line.strip()][-lines:]
+
+    def take_stacks(self, job_name: str, wait: int) -> tuple[dict[str, str], dict[str, str]]:
+        """``launch.sh stacks`` in every running pod at once, entered as root (``Sandbox.run_in``)."""
+        sandbox = self._sandbox(job_name)
+        plan = self._plans.get(job_name)
+        argv = stacks_command((plan.paths if plan is not None else contract.DEFAULT_PATHS).launch_script, wait)
+        running = [pod for pod in sandbox.pods if sandbox.started(pod) and sandbox.exit_code(pod) is None]
+        outputs: dict[str, str] = {}
+        errors: dict[str, str] = {}
+
+        def ask(pod: str) -> None:
+            try:
+                done = sandbox.run_in(pod, argv, timeout=wait + 10)
+            except (LaunchError, OSError, subprocess.SubprocessError) as error:
+                errors[pod] = str(error)
+                return
+            if done.returncode != 0:
+                errors[pod] = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+            outputs[pod] = done.stdout
+
+        if running:
+            with ThreadPoolExecutor(max_workers=min(32, len(running))) as pool:
+                list(pool.map(ask, running))
+        return outputs, errors
 
     # --- teardown -------------------------------------------------------------------------
 

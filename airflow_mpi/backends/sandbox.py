@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from airflow_mpi.backends.processes import (
+    child_pids,
     host_networks,
     kill_all,
     kill_group,
@@ -339,6 +340,20 @@ class Sandbox:
 
     def started(self, name: str) -> bool:
         return self.pods[name].pid is not None
+
+    def run_in(self, name: str, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as root inside the running pod ``name``: its network, hostname, mounts
+        and PID namespace (what ``kubectl exec`` is to a container). Raises ``LaunchError``
+        when the pod does not run."""
+        pod = self.pods[name]
+        init = child_pids(pod.pid)[:1] if pod.pid is not None and start_ticks(pod.pid) == pod.pid_start else []
+        if not init:
+            raise LaunchError(f"pod {name} is not running")
+        command = ["nsenter", f"--target={init[0]}", "--net", "--uts", "--mount", "--pid", "--", *argv]
+        return subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=timeout, check=False,
+            stdin=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )  # fmt: skip
 
     def stop(self, name: str) -> None:
         """Kill the pod and everything in it, and wait until it is gone."""

@@ -4,6 +4,7 @@ airflow-mpi jobs [--json]                       the jobs in a namespace: identit
 airflow-mpi logs JOB [-f]                       the master's log (-f: follow it live)
 airflow-mpi delete JOB                          delete a job and wait until nothing of it is left
 airflow-mpi gc --older-than DURATION [--yes]    remove finished or abandoned jobs (dry run by default)
+airflow-mpi stacks JOB [--wait S] [--local]     every rank's Python stack, the job going on (a local job too)
 airflow-mpi run SPEC --backend kubernetes|volcano|mpijob   (in ``cli``) submit, stream, exit with the job's code
 
 Each takes the cluster as kubectl does (``--kubeconfig``, ``--context``, ``--namespace``) or as
@@ -20,6 +21,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.exceptions import BackendUnavailable
@@ -204,6 +206,31 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_stacks(args: argparse.Namespace) -> int:
+    """Every rank's Python stack of a running job, without stopping it: a local job when one of
+    that name runs here (or ``--local``), else on the cluster."""
+    from airflow_mpi.backends.local import DEFAULT_STATE_DIR, LocalBackend
+    from airflow_mpi.backends.sandbox import Sandbox
+    from airflow_mpi.observe.stacks import build_report
+
+    backend: Any
+    state_dir = args.state_dir or DEFAULT_STATE_DIR
+    if args.local or Sandbox.load(Path(state_dir), args.job) is not None:
+        backend = LocalBackend(state_dir=state_dir)
+    else:
+        backend, _ = cluster_backend(args)
+    outputs, errors = backend.take_stacks(args.job, args.wait)
+    report = build_report(outputs, errors)
+    if not report.stacks and not report.errors:
+        print(f"airflow-mpi: job {args.job}: no running Python rank registered for stacks", file=sys.stderr)
+        return 1
+    print("\n".join([f"Python stacks of job {args.job} (most recent call first):", *report.render()]))
+    silent = report.silent_ranks()
+    if silent:
+        print(f"airflow-mpi: rank(s) {', '.join(map(str, silent))} did not answer (see above)", file=sys.stderr)
+    return 1 if silent or report.errors else 0
+
+
 def add_cluster_commands(commands: Any) -> None:
     """``jobs``, ``logs``, ``delete`` and ``gc`` on the ``airflow-mpi`` parser's subcommands."""
     jobs = commands.add_parser("jobs", help="list the jobs in a namespace (Kubernetes)")
@@ -221,6 +248,18 @@ def add_cluster_commands(commands: Any) -> None:
     delete.add_argument("job", type=_job_arg, help="job name, as `airflow-mpi jobs` lists it")
     add_cluster_args(delete)
     delete.set_defaults(func=cmd_delete)
+
+    stacks = commands.add_parser(
+        "stacks", help="print every rank's Python stack of a running job, without stopping it (local or Kubernetes)"
+    )
+    stacks.add_argument("job", type=_job_arg, help="job name, as `airflow-mpi jobs` or the task log names it")
+    stacks.add_argument(
+        "--wait", type=_positive_seconds_arg, default=5, help="seconds each rank has to answer (default 5)"
+    )
+    stacks.add_argument("--local", action="store_true", help="a job of the local backend (default: when one runs here)")
+    stacks.add_argument("--state-dir", default=None, help="local backend state directory")
+    add_cluster_args(stacks)
+    stacks.set_defaults(func=cmd_stacks)
 
     gc = commands.add_parser("gc", help="remove finished or abandoned jobs (Kubernetes; dry run by default)")
     gc.add_argument(
@@ -271,3 +310,9 @@ def _seconds_arg(text: str) -> float:
             f"{text!r} is not a number of seconds from 1 to 86400 (default {CLI_API_TIMEOUT:.0f})"
         )
     return seconds
+
+
+def _positive_seconds_arg(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds from 1 to 600")
+    return int(text)

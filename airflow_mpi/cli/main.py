@@ -6,6 +6,7 @@ airflow-mpi validate SPEC.yaml
 airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
 airflow-mpi run SPEC.yaml --backend kubernetes|volcano|mpijob [--kubeconfig F | --conn-id ID]  (on a cluster)
 airflow-mpi jobs | logs JOB [-f] | delete JOB | gc --older-than D [--yes]  (jobs on a cluster: cli_cluster)
+airflow-mpi stacks JOB [--wait S] [--local]  (every rank's Python stack of a running job, local or cluster)
 airflow-mpi doctor [--local | --image IMAGE] (can this machine, or this image, run a job's pods?)
 """
 

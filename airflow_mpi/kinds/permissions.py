@@ -55,6 +55,12 @@ KIND_RULES: dict[str, tuple[dict[str, list[str]], ...]] = {
         {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
     ),
 }
+# What a job with ``progress_timeout`` adds: the hang watchdog asks each pod for its ranks' stacks
+# (``launch.sh stacks`` through the exec API; websocket exec is a `get` before Kubernetes 1.31,
+# a `create` since).
+WATCHDOG_RULES: tuple[dict[str, list[str]], ...] = (
+    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+)
 # What each gang setting adds: the group object the job creates (Kueue makes its Workload itself:
 # the job reads and removes it).
 GANG_RULES: dict[str, tuple[dict[str, list[str]], ...]] = {

@@ -36,7 +36,7 @@ from airflow_mpi.kinds.mpijob import (
     render_mpijob_plan,
     without_cleanup_kills,
 )
-from airflow_mpi.kinds.permissions import Permission, build_job_rules, build_permissions
+from airflow_mpi.kinds.permissions import WATCHDOG_RULES, Permission, build_job_rules, build_permissions
 from airflow_mpi.kinds.volcano import (
     VOLCANO_JOB,
     describe_volcano_wait,
@@ -105,7 +105,8 @@ class JobKind:
     def permissions(self, spec: MPIJobSpec) -> tuple[Permission, ...]:
         """Every verb a job of this kind with ``spec`` needs, checked before anything is created."""
         gang = spec.scheduling.gang
-        return build_permissions(build_job_rules(self.name, gang.value if gang is not None else None))
+        rules = build_job_rules(self.name, gang.value if gang is not None else None)
+        return build_permissions((*rules, *(WATCHDOG_RULES if spec.progress_timeout is not None else ())))
 
     def render_plan(
         self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None

@@ -27,6 +27,7 @@ from airflow_mpi.observe.output import (
     build_rank_pods,
     format_tail,
 )
+from airflow_mpi.observe.progress import Hang, ProgressWatch
 from airflow_mpi.observe.worldsize import RankStartCheck, rank_start_timeout
 
 
@@ -41,6 +42,8 @@ class OutputPlan:
     rank_pods: tuple[str, ...]  # the pod each rank should run on (empty: the mapping is not known)
     job_pods: tuple[str, ...]
     rank_timeout: float  # seconds every rank gets to report after mpiexec starts
+    progress_timeout: float | None = None  # the hang watchdog (``observe.progress``); None: off
+    progress_pattern: str | None = None
 
     @classmethod
     def from_plan(cls, plan: JobPlan) -> OutputPlan:
@@ -51,6 +54,8 @@ class OutputPlan:
             rank_pods=tuple(build_rank_pods(plan.spec, plan.topology)),
             job_pods=tuple(pod.name for pod in plan.pods),
             rank_timeout=rank_start_timeout(plan.spec),
+            progress_timeout=plan.spec.progress_timeout,
+            progress_pattern=plan.spec.progress_pattern,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,6 +66,8 @@ class OutputPlan:
             "rank_pods": list(self.rank_pods),
             "job_pods": list(self.job_pods),
             "rank_timeout": self.rank_timeout,
+            "progress_timeout": self.progress_timeout,
+            "progress_pattern": self.progress_pattern,
         }
 
     @classmethod
@@ -72,6 +79,8 @@ class OutputPlan:
             rank_pods=tuple(str(pod) for pod in data.get("rank_pods", ())),
             job_pods=tuple(str(pod) for pod in data.get("job_pods", ())),
             rank_timeout=float(data["rank_timeout"]),
+            progress_timeout=None if data.get("progress_timeout") is None else float(data["progress_timeout"]),
+            progress_pattern=data.get("progress_pattern") or None,
         )
 
 
@@ -101,6 +110,7 @@ class MasterOutput:
         self.rank_starts = RankStartCheck(
             np=plan.np, rank_pods=plan.rank_pods, job_pods=plan.job_pods, timeout=plan.rank_timeout
         )
+        self.watch = ProgressWatch(plan.progress_timeout, plan.progress_pattern, plan.np)
         self.lines_read = 0  # whole lines the backend gave (progress snapshots are no lines)
         self._warned = 0  # result problems warned about
 
@@ -123,6 +133,7 @@ class MasterOutput:
                 continue
             self.lines_read += 0 if partial else 1
             fresh.append(line)
+        self.watch.feed(batch, now)  # a progress bar's snapshot is progress too
         if replayed:
             self.show(replayed, now, replay=True)
         if fresh:
@@ -160,6 +171,10 @@ class MasterOutput:
             for problem in errors[self._warned :]:
                 self.warn(f"airflow-mpi: WARNING: {problem}")
         self._warned = len(errors)
+
+    def hang(self, now: float) -> Hang | None:
+        """The hang watchdog's verdict (``progress_timeout``): None while the job makes progress."""
+        return self.watch.hang(now)
 
     def rank_failure(self, now: float, *, ended: bool = False) -> JobFailed | None:
         """The world-size check's failure (wrong size, a rank on a foreign host, ranks that never

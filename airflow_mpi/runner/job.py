@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_mpi.backends.base import Backend, QueueAwareBackend
+from airflow_mpi.backends.base import Backend, QueueAwareBackend, StackBackend
 from airflow_mpi.events import STATUS_ERROR, STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
 from airflow_mpi.exceptions import (
     BackendRequestFailed,
     BackendUnreachable,
     JobFailed,
+    JobHung,
     JobTimeout,
     LaunchError,
     MPIJobError,
@@ -32,6 +33,8 @@ from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.observe.diagnosis import Cause, EvidenceCollector, explain
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
 from airflow_mpi.observe.output import TAIL_LINES, OutputTracker, build_rank_pods, format_tail
+from airflow_mpi.observe.progress import Hang
+from airflow_mpi.observe.stacks import STACK_WAIT, StackReport, build_report, describe_silent
 from airflow_mpi.observe.status import JobPhase, JobStatus, evaluate_job
 from airflow_mpi.runner.waits import QueueWait, build_not_ready_error, wait_for_sshd, worker_failure
 
@@ -238,6 +241,9 @@ class JobRunner:
                 self.master_output.take(batch, now)
             self.master_output.tick(now)
             self._check_ranks(now)
+            hang = self.master_output.hang(now)
+            if hang is not None:
+                raise self.hang_failure(hang)
             if now >= deadline + TIMEOUT_GRACE:
                 raise self.timeout_failure(self.output.tail)
             if now >= next_watch:
@@ -262,6 +268,54 @@ class JobRunner:
         failure = self.master_output.rank_failure(now, ended=ended)
         if failure is not None:
             raise failure
+
+    def take_stacks(self, wait: int = STACK_WAIT) -> StackReport | None:
+        """Every running rank's Python stack, without stopping the job (None: the backend cannot)."""
+        if not isinstance(self.backend, StackBackend):
+            return None
+        outputs, errors = self.backend.take_stacks(self.job_name, wait)
+        return build_report(outputs, errors)
+
+    def hang_failure(self, hang: Hang) -> JobHung:
+        """The job is judged hung: the evidence first (every rank's stack into the log, the ranks
+        that did not answer), then the error naming the silent ranks and their last lines. The
+        caller tears the job down, as for any failure."""
+        plan = self.plan
+        pods = build_rank_pods(plan.spec, plan.topology)
+        np = plan.topology.np
+        self.emit(
+            f"airflow-mpi: job {self.job_name} looks hung: {hang.summary()}; "
+            "asking every rank for its Python stack, then ending it"
+        )
+        report = self.take_stacks()
+        if report is not None:
+            self.emit("\n".join([f"airflow-mpi: Python stacks of job {self.job_name}:", *report.render(pods, np)]))
+        unanswered = report.silent_ranks(np) if report is not None else []
+        lines = [f"MPI job {self.job_name} hung: {hang.summary()}; it was ended"]
+        if report is None:
+            lines[0] += f" (the {self.backend.name} backend cannot take stacks)"
+        else:
+            lines[0] += " after every rank's Python stack went into the log above"
+        if unanswered:
+            lines.append("Did not answer the stack request:")
+            lines += [f"  {line}" for line in describe_silent(report, unanswered, pods)] if report else []
+        lines.append("Silent, quietest first:")
+        for silence in hang.silent:
+            who = "the output" if silence.rank is None else f"rank {silence.rank}"
+            where = f" on pod {pods[silence.rank]}" if silence.rank is not None and silence.rank < len(pods) else ""
+            last = f"last line: {silence.last_line}" if silence.last_line is not None else "nothing printed"
+            lines.append(f"  {who}{where}: quiet for {silence.seconds:.0f}s; {last}")
+        lines.append(
+            "A rank that did not answer, or whose stack is not in a collective while the others' are, "
+            "is where to look; raise progress_timeout if the job is only slow (docs/guides/troubleshooting.md#hangs)"
+        )
+        named = unanswered[0] if unanswered else next(iter(hang.ranks), None)
+        return JobHung(
+            "\n".join(lines),
+            pod=pods[named] if named is not None and named < len(pods) else plan.master.name,
+            rank=named,
+            tail=self.output.tail[-TAIL_LINES:],
+        )
 
     def timeout_failure(
         self, tail: Sequence[str], *, by_mpiexec: bool = False, exit_code: int | None = None
@@ -292,6 +346,8 @@ class JobRunner:
             return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])
         if status == STATUS_TIMEOUT:
             return self.timeout_failure(self.backend.pod_log_tail(self.job_name, self.plan.master.name, TAIL_LINES))
+        if status == STATUS_FAILED and event.get("hung"):  # the trigger's hang watchdog
+            return self.hang_failure(Hang.from_dict(event["hung"]))
         if status == STATUS_FAILED and event.get("message"):  # the trigger's world-size check
             return JobFailed(event["message"], pod=event.get("pod"), rank=event.get("rank"))
         if status == STATUS_FAILED and event.get("pod") != self.plan.master.name:

@@ -10,6 +10,8 @@
 #   launch.sh rank CMD...   what mpiexec starts on every slot: sets RANK, WORLD_SIZE, LOCAL_RANK,
 #                           LOCAL_WORLD_SIZE, NODE_RANK from OMPI_COMM_WORLD_*, then execs CMD
 #   launch.sh check-hosts   one ssh login to every rank host, with a reason per failing host
+#   launch.sh stacks [SEC]  every Python rank process of this pod dumps its threads' stacks; waits
+#                           up to SEC seconds (default 5) and prints them, or why one did not answer
 #
 # With AIRFLOW_MPI_LAUNCH_LIBRARY=1 it only defines its functions: doctor.sh (airflow-mpi doctor,
 # which is not part of a job) runs after it and checks an image with the same sshd and probe.
@@ -385,6 +387,8 @@ run_rank() {
     CONFIG_DIR="$(dirname -- "${BASH_SOURCE[0]}")"
   fi
   export AIRFLOW_MPI_CONFIG_DIR="$CONFIG_DIR" # the job's files (the spec's `files`), for the rank
+  # Where sitecustomize.py registers each Python rank process for stack dumps (`launch.sh stacks`).
+  export AIRFLOW_MPI_STACKS_DIR="$RUNTIME_DIR/stacks"
   # First thing, one line: the runner checks that every rank starts, on the pod the plan says
   # (docs/contract.md#rank-start), and folds these lines into one.
   printf 'AIRFLOW_MPI_RANK_START rank=%s size=%s host=%s\n' "$OMPI_COMM_WORLD_RANK" "${OMPI_COMM_WORLD_SIZE:-}" "$me"
@@ -436,11 +440,102 @@ run_rank() {
   exec "$@"
 }
 
+# --- stacks ----------------------------------------------------------------------------------
+
+# Every process sitecustomize.py registered in this pod ($RUNTIME_DIR/stacks/rank-R.PID, the file
+# faulthandler writes to) gets SIGUSR2 and dumps every thread's stack into its file; one block per
+# process: `AIRFLOW_MPI_STACK rank=R pid=P host=H state=S proc=C`, then the dump when S=answered.
+# A process is signalled only while it catches SIGUSR2 (SigCgt), so asking never kills anything.
+# S: answered; stopped (no answer, the process is stopped, e.g. SIGSTOP); silent (no answer in
+# time: stuck outside Python, e.g. in the kernel); uncaught (not signalled: no handler any more).
+STACK_BYTES=65536 # of one process's dump shown
+
+take_stacks() {
+  local wait="${1:-5}" dir="$RUNTIME_DIR/stacks" me="${HOSTNAME%%.*}" file name rank pid i state size
+  local -a files=() ranks=() pids=() before=() states=() last=()
+  require_count seconds "$wait"
+  shopt -s nullglob
+  for file in "$dir"/rank-*.*; do
+    name="${file##*/rank-}"
+    rank="${name%%.*}" pid="${name#*.}"
+    [[ "$rank" =~ ^[0-9]+$ && "$pid" =~ ^[0-9]+$ ]] || continue
+    if [[ ! -r "/proc/$pid/status" ]]; then
+      rm -f -- "$file" # its process ended without unregistering (killed)
+      continue
+    fi
+    state=uncaught
+    if caught_usr2 "$pid"; then
+      state=waiting
+    fi
+    files+=("$file") ranks+=("$rank") pids+=("$pid") before+=("$(stat -c %s -- "$file")") states+=("$state") last+=(-1)
+  done
+  if ((${#files[@]} == 0)); then
+    log "no Python rank process registered for stacks on $me"
+    return 0
+  fi
+  for i in "${!files[@]}"; do
+    [[ "${states[i]}" == waiting ]] && kill -USR2 "${pids[i]}" 2>/dev/null
+  done
+  # A dump is complete once its file has grown and then held its size for one poll.
+  local deadline=$((SECONDS + wait)) unanswered=1
+  while ((unanswered && SECONDS < deadline)); do
+    sleep 0.1
+    unanswered=0
+    for i in "${!files[@]}"; do
+      [[ "${states[i]}" == waiting ]] || continue
+      size="$(stat -c %s -- "${files[i]}" 2>/dev/null || echo 0)"
+      if ((size > before[i] && size == last[i])); then
+        states[i]=answered
+      else
+        last[i]=$size
+        unanswered=1
+      fi
+    done
+  done
+  for i in "${!files[@]}"; do
+    state="${states[i]}"
+    local proc
+    proc="$(process_state "${pids[i]}")"
+    if [[ "$state" == waiting ]]; then
+      [[ "$proc" == T || "$proc" == t ]] && state=stopped || state=silent
+    fi
+    printf 'AIRFLOW_MPI_STACK rank=%s pid=%s host=%s state=%s proc=%s\n' "${ranks[i]}" "${pids[i]}" "$me" "$state" "$proc"
+    if [[ "$state" == answered ]]; then
+      tail -c +"$((before[i] + 1))" -- "${files[i]}" | head -c "$STACK_BYTES"
+      printf '\n'
+    fi
+  done
+}
+
+caught_usr2() { # pid: whether it has a handler for SIGUSR2 (signal 12: bit 11 of SigCgt)
+  local key mask
+  while read -r key mask; do
+    if [[ "$key" == SigCgt: ]]; then
+      (((16#$mask >> 11) & 1))
+      return
+    fi
+  done <"/proc/$1/status"
+  return 1
+}
+
+process_state() { # pid: the one-letter state of /proc/PID/stat (R, S, D, T, ...), or ? when gone
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || {
+    printf '?'
+    return
+  }
+  stat="${stat##*) }"
+  printf '%s' "${stat%% *}"
+}
+
 main() {
   case "${1:-}" in
     rank)
       shift
       run_rank "$@"
+      ;;
+    stacks)
+      take_stacks "${2:-5}"
       ;;
     check-hosts)
       require_env GJ_TRAINING_POD_NAME GJ_TRAINING_VC_JOB_NAME GJ_TRAINING_MASTER_CPU_LIMIT \
@@ -460,7 +555,7 @@ main() {
         *) die "GJ_TRAINING_ROLE=$GJ_TRAINING_ROLE is neither master nor worker" ;;
       esac
       ;;
-    *) die "unknown command '$1' (use: rank CMD..., check-hosts, or no argument)" ;;
+    *) die "unknown command '$1' (use: rank CMD..., check-hosts, stacks [SECONDS], or no argument)" ;;
   esac
 }
 

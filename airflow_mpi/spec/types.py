@@ -241,6 +241,13 @@ class MPIJobSpec:
     """Seconds the training may run: ``mpiexec --timeout`` and a kill from the task's side."""
     startup_timeout: int = 300
     """Seconds for the pods to start and every sshd to answer (after admission, with a gang)."""
+    progress_timeout: int | None = None
+    """Seconds of silence after which the job is judged hung: no rank printed a line for that long
+    (or, with ``progress_pattern``, a rank that prints progress lines stopped while others go on).
+    Every rank's Python stack goes into the task log, then the job is aborted. Default: off."""
+    progress_pattern: str | None = None
+    """A regular expression: only the lines it matches count as progress (for jobs that print
+    heartbeats). Needs ``progress_timeout``."""
     ssh_port: int = 22
     """sshd's port in every pod (1024 or above without root)."""
     pod: PodSettings = field(default_factory=PodSettings)

@@ -287,6 +287,42 @@ def _check_env(spec: MPIJobSpec) -> list[SpecIssue]:
     return issues
 
 
+def _check_progress(spec: MPIJobSpec) -> list[SpecIssue]:
+    """The hang watchdog's settings: a timeout within the job's, a pattern that compiles."""
+    issues = []
+    if spec.progress_timeout is not None and not 1 <= spec.progress_timeout <= MAX_TIMEOUT:
+        issues.append(
+            SpecIssue(
+                "progress_timeout",
+                f"is {spec.progress_timeout}",
+                f"give the seconds of silence that mean a hang, e.g. 600 (1 to {MAX_TIMEOUT}), or leave it out",
+            )
+        )
+    if spec.progress_pattern is not None:
+        if spec.progress_timeout is None:
+            issues.append(
+                SpecIssue(
+                    "progress_pattern",
+                    "is set without progress_timeout",
+                    "set progress_timeout (seconds without a matching line that mean a hang)",
+                )
+            )
+        try:
+            compiled = re.compile(spec.progress_pattern)
+        except re.error as error:
+            issues.append(SpecIssue("progress_pattern", f"is not a regular expression: {error}", "fix the pattern"))
+        else:
+            if compiled.search(""):
+                issues.append(
+                    SpecIssue(
+                        "progress_pattern",
+                        f"{spec.progress_pattern!r} matches an empty line, so every line would count",
+                        "match your progress lines, e.g. 'step \\d+'",
+                    )
+                )
+    return issues
+
+
 def _check_job_settings(spec: MPIJobSpec) -> list[SpecIssue]:
     issues = []
     if not 1 <= spec.timeout <= MAX_TIMEOUT:
@@ -303,6 +339,7 @@ def _check_job_settings(spec: MPIJobSpec) -> list[SpecIssue]:
                 f"give seconds for pods and sshd to start, e.g. 300 (1 to {MAX_TIMEOUT})",
             )
         )
+    issues += _check_progress(spec)
     if not 1 <= spec.ssh_port <= 65535:
         issues.append(SpecIssue("ssh_port", f"is {spec.ssh_port}", "use a TCP port 1-65535 (default 22)"))
     if spec.image and (re.search(r"\s", spec.image) or CONTROL.search(spec.image)):

@@ -28,6 +28,7 @@ from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_sta
 from airflow_mpi.observe.cursor import LogCursor, TimestampedLogSplitter, followed_log_call
 from airflow_mpi.observe.lines import RankLineSplitter
 from airflow_mpi.observe.master_output import MasterOutput
+from airflow_mpi.observe.progress import Hang
 from airflow_mpi.triggers.api_client import raise_for_status
 
 CHUNK_BYTES = 64 * 1024  # the most one read hands the line handling at once
@@ -148,6 +149,7 @@ class MasterLogFollower:
         self.cursor = LogCursor()
         self.lines = RankLineSplitter()  # each rank's unfinished line survives a dropped stream
         self.failure: Any = None  # the world-size check's JobFailed, once it fails
+        self.hang: Hang | None = None  # the hang watchdog's verdict, once the job is silent too long
         self.refused: str | None = None  # the API refused the log (403 ...): what to change
         self.streams = 0  # log streams opened (one, unless a stream dropped)
 
@@ -186,7 +188,7 @@ class MasterLogFollower:
                 continue
             self.streams += 1
             clean = await self._read(response)
-            if self.failure is not None:
+            if self.failure is not None or self.hang is not None:
                 return
             if clean and self.master_ended.is_set():
                 break
@@ -245,10 +247,12 @@ class MasterLogFollower:
             return False
 
     def _checked(self, now: float) -> bool:
-        """The world-size check, as the lines come: True once it failed."""
+        """The world-size check and the hang watchdog, as the lines come: True once one failed."""
         if self.failure is None:
             self.failure = self.output.rank_failure(now)
-        return self.failure is not None
+        if self.failure is None and self.hang is None:
+            self.hang = self.output.hang(now)
+        return self.failure is not None or self.hang is not None
 
     def _note(self, text: str) -> None:
         if self.log is not None:

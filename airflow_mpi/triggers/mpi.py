@@ -44,6 +44,8 @@ from airflow_mpi.events import (
     WAIT_READY,
     JobEvent,
     Outcome,
+    hang_outcome,
+    rank_failure_outcome,
 )
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.strategy import job_kind
@@ -257,7 +259,6 @@ class MPIJobTrigger(BaseTrigger):
         mark = ShownLines(api_client, self.namespace, config_map, self.try_number, timeout=self.api_timeout)
         records = self._records = MasterRecords(lambda: output.lines_read, shown=mark)
         output = MasterOutput(view, records.info, records.warning, skip_lines=self.skip_lines)
-        self._output = output
         self._master_ended = asyncio.Event()
         follower = MasterLogFollower(
             api_client,
@@ -279,7 +280,9 @@ class MPIJobTrigger(BaseTrigger):
                 if follower.refused is not None:
                     return {"status": STATUS_ERROR, "reason": follower.refused}
                 if follower.failure is not None:
-                    return self._rank_outcome(follower.failure)
+                    return rank_failure_outcome(follower.failure, output.lines_read)
+                if follower.hang is not None:
+                    return hang_outcome(follower.hang, output.lines_read)
                 outcome = await watching  # the log ended with the master: the watch says how
             else:
                 outcome = watching.result()
@@ -288,7 +291,7 @@ class MPIJobTrigger(BaseTrigger):
                         async with asyncio.timeout(DRAIN_TIMEOUT):
                             await asyncio.shield(following)
                     if follower.failure is not None:
-                        return self._rank_outcome(follower.failure)
+                        return rank_failure_outcome(follower.failure, output.lines_read)
             return {**outcome, "log_lines": output.lines_read, "tail": last_lines(output.output.tail)}
         finally:
             for task in (following, watching):
@@ -307,17 +310,6 @@ class MPIJobTrigger(BaseTrigger):
                 follower.master,
             )
         await follower.run()
-
-    def _rank_outcome(self, failure: Any) -> Outcome:
-        return {
-            "status": STATUS_FAILED,
-            "pod": failure.pod,
-            "rank": failure.rank,
-            "exit_code": None,
-            "reason": str(failure).split("\n", 1)[0],
-            "message": str(failure),
-            "log_lines": self._output.lines_read,
-        }
 
     async def _wait(self, core: Any, api_client: Any) -> Outcome:
         """Watch until the pods decide, the deadline passes, the API refuses, or the API has not

@@ -100,3 +100,29 @@ def test_while_deferred_a_master_its_kubelet_does_not_know_yet_is_followed_once_
     assert by_trigger == [f"{i:03d}" for i in range(LINES)], out[-3000:]
     assert double.request_count("GET", "-master-0/log") >= 4  # three 404s, then the stream
     assert job_objects(double) == []
+
+
+@pytest.mark.usefixtures("connections")
+def test_a_silent_job_is_judged_hung_in_both_modes_and_ended(
+    dagbag: Any, double: KubeDouble, scripts: Scripts, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def master() -> Iterator[str]:
+        yield from paced(["[airflow-mpi] starting mpiexec: 3 rank(s)", *(f"[1,0]<stdout>:step {i}" for i in range(3))])
+        time.sleep(600)  # silent: the watchdog must end it within progress_timeout (3 s)
+        yield "[1,0]<stdout>:never shown"
+
+    scripts.on("-master-", PodScript(lines=master, exit_code=0))
+    started = time.monotonic()
+    dag_run = dagbag.get_dag("mpi_test_k8s_hang").test()
+    out = capfd.readouterr().out
+    assert task_states(dag_run) == {"waiting": "failed", "deferred": "failed"}, out[-4000:]
+    assert time.monotonic() - started < 90, out[-4000:]
+    for job in ("hangw", "hangd"):
+        assert re.search(rf"MPI job {job}-\w+ hung: no rank printed a line for 3s \(progress_timeout\)", out), out[
+            -4000:
+        ]
+    # The double answers no exec: each pod is named as not asked, nothing pretends to be a stack.
+    assert "could not be asked for stacks" in out, out[-4000:]
+    assert "rank 0 on pod" in out and "last line: step 2" in out, out[-4000:]
+    assert "never shown" not in out
+    assert job_objects(double) == []

@@ -11,6 +11,7 @@ from airflow_mpi.kinds.permissions import (
     GANG_RULES,
     KIND_RULES,
     POD_BACKEND_RULES,
+    WATCHDOG_RULES,
     Permission,
     build_permissions,
     missing_permissions,
@@ -28,6 +29,7 @@ def test_what_the_guide_says_each_backend_and_gang_adds_is_what_is_checked() -> 
     connection_names = {"volcano": "volcano", "mpijob": "mpijob"}  # the kinds with rules of their own
     expected = {f"backend: {connection_names[k]}": rules for k, rules in KIND_RULES.items() if rules}
     expected.update({f"gang: {gang}": rules for gang, rules in GANG_RULES.items()})
+    expected["progress_timeout"] = WATCHDOG_RULES
     assert set(documented) == set(expected)
     for name, rules in expected.items():
         assert sorted(build_permissions(documented[name])) == sorted(build_permissions(rules)), name
@@ -47,6 +49,13 @@ def test_each_kind_checks_the_role_and_what_it_and_its_gang_add() -> None:
     assert Permission("kubeflow.org", "mpijobs", "create") in job_kind("mpijob").permissions(plain)
     assert Permission("", "secrets", "update") in job_kind("mpijob").permissions(plain)
     assert Permission("batch.volcano.sh", "jobs", "delete") in job_kind("volcano").permissions(plain)
+    # The hang watchdog execs into the pods: only a job that sets progress_timeout needs it.
+    watched = MPIJobSpec.from_dict({"name": "p", "command": ["true"], "progress_timeout": 60})
+    for kind in ("pods", "volcano", "mpijob"):
+        assert set(job_kind(kind).permissions(watched)) - set(job_kind(kind).permissions(plain)) == {
+            Permission("", "pods/exec", "create"),
+            Permission("", "pods/exec", "get"),
+        }
 
 
 EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]

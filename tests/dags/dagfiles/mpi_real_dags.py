@@ -63,12 +63,21 @@ MEMORY_HOG = (
     "if c.rank == 2:\n    hog = []\n    while True: hog.append(bytearray(16 << 20))\n"
     "c.Barrier()\n"
 )
+# Rank 1 stops itself (SIGSTOP) at its fourth step: the others wait in allreduce_step, silent.
+STOPPED_RANK = (
+    "import os, signal, time\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+    "def allreduce_step(step):\n    return c.allreduce(step)\n"
+    "for step in range(1000):\n    print(f'step {step} rank {c.rank}', flush=True)\n"
+    "    if c.rank == 1 and step == 3:\n        os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "    allreduce_step(step)\n    time.sleep(0.3)\n"
+)
 
 with DAG("mpi_test_nodes_deferred", schedule=None, start_date=START, catchup=False):
     for task_id, job in (
         ("rank_exit", {**NODE_JOB, "command": ["python", *FAILING_RANK[1:]]}),
         ("oom", {**NODE_JOB, "command": ["python", "-c", MEMORY_HOG], "workers": {"replicas": 2, "memory": "256Mi"}}),
         ("timeout", {**NODE_JOB, "command": ["python", "-c", "import time; time.sleep(600)"], "timeout": 20}),
+        ("hang", {**NODE_JOB, "command": ["python", "-c", STOPPED_RANK], "progress_timeout": 15, "timeout": 300}),
     ):
         MPIJobOperator(task_id=task_id, job={**job, "name": f"ndef-{task_id.replace('_', '')}"},
                        mpi_conn_id="mpi_nodes", deferrable=True, retries=0)  # fmt: skip

@@ -61,6 +61,20 @@ with DAG("mpi_test_k8s_deferred", schedule=None, start_date=START, catchup=False
         retries=0,
     )  # fmt: skip
 
+# The hang watchdog in both modes on the API double (tests/k8s/test_trigger_log.py): the master's
+# output goes quiet; the double answers no exec, so no pod can be asked for stacks.
+with DAG("mpi_test_k8s_hang", schedule=None, start_date=START, catchup=False):
+    for deferrable in (False, True):
+        MPIJobOperator(
+            task_id="deferred" if deferrable else "waiting",
+            job={"name": f"hang{'d' if deferrable else 'w'}", "image": "registry.example/train:1",
+                 "command": ["python", "/app/t.py"], "workers": {"replicas": 2}, "startup_timeout": 30,
+                 "timeout": 25, "progress_timeout": 3},
+            mpi_conn_id="mpi_k8s",
+            deferrable=deferrable,
+            retries=0,
+        )  # fmt: skip
+
 # An unmapped and a mapped task in both modes, through the Kubernetes backend and the strict API
 # double with scripted pods: each task's jobs are labelled for its own map index (or none).
 SCRIPTED_JOB = {

@@ -1,0 +1,79 @@
+"""The hang watchdog on real Nodes: the stacks come through the real exec API (apiserver ->
+kubelet -> containerd -> runc) from every pod; a stopped rank is named, the others' stacks are in
+the log; ``airflow-mpi stacks`` asks an MPIJob's pods (its launch script elsewhere) without
+stopping the job; nothing is left."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from airflow_mpi.backends import KUBERNETES_KINDS
+from airflow_mpi.backends.kubernetes import KubernetesBackend
+from airflow_mpi.exceptions import JobHung
+from airflow_mpi.job.naming import RunIdentity
+from airflow_mpi.observe.output import build_rank_pods
+from airflow_mpi.runner.job import JobRunner
+from airflow_mpi.spec import MPIJobSpec
+from tests.cluster.cluster import Cluster
+from tests.cluster.conftest import Log, api_client, job_objects
+from tests.cluster.image import TRAIN_IMAGE
+from tests.integration.test_hangs_local import training
+from tests.nodes.test_real_nodes import backend_for, make_plan
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+
+def test_a_stopped_rank_is_named_and_every_other_ranks_stack_logged(cluster: Cluster, namespace: str) -> None:
+    plan = make_plan(workers=2, command=["python", "-c", training(stop_rank=1)], progress_timeout=15, timeout=300)
+    pods = build_rank_pods(plan.spec, plan.topology)
+    log = Log()
+    started = time.monotonic()
+    with pytest.raises(JobHung) as caught:
+        JobRunner(backend_for(cluster, namespace), plan, log).run()
+    seconds, message = time.monotonic() - started, str(caught.value)
+    assert seconds < 15 + 15 + 60, (seconds, message)  # the pods' start, ~1 s of steps, then the bound
+    assert f"rank 1 on pod {pods[1]} did not answer: the process is stopped" in message, message
+    text = "\n".join(log)
+    for rank in (0, 2):
+        block = text.split(f"--- rank {rank} on pod {pods[rank]}, pid ", 1)[-1].split("--- rank", 1)[0]
+        assert "most recent call first" in block and "in allreduce_step" in block, text[-4000:]
+    assert job_objects(cluster.api(), namespace) == []
+
+
+def test_airflow_mpi_stacks_asks_an_mpijobs_pods_and_the_job_goes_on(
+    cluster: Cluster, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_mpi.cli.main import main
+
+    cluster.controller("mpi-operator")
+    backend = KubernetesBackend(
+        api_client=api_client(cluster.kubeconfig), namespace=namespace, kind=KUBERNETES_KINDS["mpijob"]
+    )
+    spec = MPIJobSpec.from_dict({
+        "name": "nstacks", "image": TRAIN_IMAGE, "command": ["python", "-c", training(steps=60)],
+        "workers": {"replicas": 2}, "startup_timeout": 90, "timeout": 300,
+    })  # fmt: skip
+    plan = backend.render_plan(spec, RunIdentity("nodesdag", "stacks", f"run-{time.monotonic_ns()}"))
+    log = Log()
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(JobRunner(backend, plan, log).run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(line.endswith("step 3 rank 0") for line in log) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        code = main(["stacks", plan.job_name, "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace])
+    finally:
+        thread.join(300)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    # A healthy job's ranks are caught wherever they are (a step's sleep, or its allreduce).
+    assert out.count("most recent call first") >= 3 and "did not answer" not in out, out
+    for rank in range(3):
+        assert f"--- rank {rank} on {plan.job_name}-" in out, out
+    assert results and results[0].exit_code == 0, log[-30:]
+    assert job_objects(cluster.api(), namespace) == []
