@@ -111,7 +111,11 @@ def training_in_containers(cluster: Cluster, namespace: str, epochs: int) -> dic
         core = client.CoreV1Api(backend.api_client)
         api = cluster.api()
         master = f"/api/v1/namespaces/{namespace}/pods/{held.master.name}"
-        api.wait("the held master running", lambda: ((api.get_or_none(master) or {}).get("status") or {}).get("phase") == "Running", 180, 0.5)
+
+        def master_running() -> bool:
+            return ((api.get_or_none(master) or {}).get("status") or {}).get("phase") == "Running"
+
+        api.wait("the held master running", master_running, 180, 0.5)
         time.sleep(5)  # the job's own mpiexec has started its sleeping ranks
         topology = held.topology
         ranks_env = ('RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE '

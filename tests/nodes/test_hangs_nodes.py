@@ -27,13 +27,21 @@ from tests.nodes.test_real_nodes import backend_for, make_plan
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 
-def test_a_stopped_rank_is_named_and_every_other_ranks_stack_logged(cluster: Cluster, namespace: str) -> None:
-    plan = make_plan(workers=2, command=["python", "-c", training(stop_rank=1)], progress_timeout=15, timeout=300)
+@pytest.mark.parametrize("kind", ["pods", "volcano"])
+def test_a_stopped_rank_is_named_and_every_other_ranks_stack_logged(
+    cluster: Cluster, namespace: str, kind: str
+) -> None:
+    backend = backend_for(cluster, namespace)
+    if kind != "pods":
+        cluster.controller(kind)
+        backend = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace, kind=kind)
+    spec = make_plan(workers=2, command=["python", "-c", training(stop_rank=1)], progress_timeout=15, timeout=300).spec
+    plan = backend.render_plan(spec, RunIdentity("nodesdag", "hang", f"run-{time.monotonic_ns()}"))
     pods = build_rank_pods(plan.spec, plan.topology)
     log = Log()
     started = time.monotonic()
     with pytest.raises(JobHung) as caught:
-        JobRunner(backend_for(cluster, namespace), plan, log).run()
+        JobRunner(backend, plan, log).run()
     seconds, message = time.monotonic() - started, str(caught.value)
     assert seconds < 15 + 15 + 60, (seconds, message)  # the pods' start, ~1 s of steps, then the bound
     assert f"rank 1 on pod {pods[1]} did not answer: the process is stopped" in message, message
