@@ -10,6 +10,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -147,23 +148,32 @@ def test_a_healthy_job_that_prints_every_few_seconds_is_never_touched(backend: L
     assert sum(line.endswith("step 5 rank 0") for line in log.lines) == 1
 
 
+def stacks_while_it_trains(
+    runner: JobRunner, lines: Callable[[], list[str]], cli: list[str], start_within: float
+) -> tuple[int, list[Any]]:
+    """Run the job in a thread; once rank 0 printed step 2, ``airflow-mpi <cli>``; then wait for
+    the job. The command's exit code, and the job's result when it succeeded."""
+    from airflow_mpi.cli.main import main
+
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(runner.run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_within
+        while not any(line.endswith("step 2 rank 0") for line in lines()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return main(cli), results
+    finally:
+        thread.join(300)
+
+
 def test_airflow_mpi_stacks_prints_a_running_jobs_stacks_and_the_job_goes_on(
     backend: LocalBackend, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from airflow_mpi.cli.main import main
-
     plan = make_plan(command=[PY, "-c", training(steps=40, pause=0.25)], timeout=300)
     log = Log()
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(JobRunner(backend, plan, log).run()))
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not any(line.endswith("step 2 rank 0") for line in log.lines) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        code = main(["stacks", plan.job_name, "--state-dir", str(backend.state_dir), "--wait", "3"])
-    finally:
-        thread.join(120)
+    cli = ["stacks", plan.job_name, "--state-dir", str(backend.state_dir), "--wait", "3"]
+    code, results = stacks_while_it_trains(JobRunner(backend, plan, log), lambda: log.lines, cli, 60)
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"Python stacks of job {plan.job_name}" in out

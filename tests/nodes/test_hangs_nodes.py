@@ -5,9 +5,7 @@ stopping the job; nothing is left."""
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
 
 import pytest
 
@@ -21,7 +19,7 @@ from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import Log, api_client, job_objects
 from tests.cluster.image import TRAIN_IMAGE
-from tests.integration.test_hangs_local import training
+from tests.integration.test_hangs_local import stacks_while_it_trains, training
 from tests.nodes.test_real_nodes import backend_for, make_plan
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -55,8 +53,6 @@ def test_a_stopped_rank_is_named_and_every_other_ranks_stack_logged(
 def test_airflow_mpi_stacks_asks_an_mpijobs_pods_and_the_job_goes_on(
     cluster: Cluster, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from airflow_mpi.cli.main import main
-
     cluster.controller("mpi-operator")
     backend = KubernetesBackend(
         api_client=api_client(cluster.kubeconfig), namespace=namespace, kind=KUBERNETES_KINDS["mpijob"]
@@ -67,16 +63,8 @@ def test_airflow_mpi_stacks_asks_an_mpijobs_pods_and_the_job_goes_on(
     })  # fmt: skip
     plan = backend.render_plan(spec, RunIdentity("nodesdag", "stacks", f"run-{time.monotonic_ns()}"))
     log = Log()
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(JobRunner(backend, plan, log).run()))
-    thread.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any(line.endswith("step 3 rank 0") for line in log) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        code = main(["stacks", plan.job_name, "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace])
-    finally:
-        thread.join(300)
+    cli = ["stacks", plan.job_name, "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace]
+    code, results = stacks_while_it_trains(JobRunner(backend, plan, log), lambda: log, cli, 120)
     out = capsys.readouterr().out
     assert code == 0, out
     # A healthy job's ranks are caught wherever they are (a step's sleep, or its allreduce).
