@@ -103,15 +103,19 @@ class MasterLogFollow:
                 except queue.Empty:
                     yield []
                     continue
-                if item is EOF:
+                # A kubelet sends a line per HTTP chunk: what has arrived meanwhile goes in one
+                # batch, so the caller's per-batch work is paid per read, not per line.
+                data, end = take_queued(chunks, item)
+                if data:
+                    batch: list[str] = stream.feed(data)
+                    batch += job.lines.progress()
+                    if batch:
+                        yield batch
+                if end is EOF:
                     clean = True
                     break
-                if isinstance(item, Exception):
+                if end is not None:
                     break
-                batch: list[str] = stream.feed(item)
-                batch += job.lines.progress()
-                if batch:
-                    yield batch
         finally:
             with contextlib.suppress(Exception):
                 response.shutdown()
@@ -119,3 +123,21 @@ class MasterLogFollow:
                 response.release_conn()
             reader.join(2)
         return clean
+
+
+def take_queued(chunks: queue.Queue[Any], first: Any, limit: int = 1 << 20) -> tuple[bytes, Any]:
+    """``first`` and the chunks already queued behind it, up to ``limit`` bytes, joined; and the
+    end met on the way (EOF or the reader's exception), or None."""
+    pieces: list[bytes] = []
+    size, item = 0, first
+    while True:
+        if item is EOF or isinstance(item, Exception):
+            return b"".join(pieces), item
+        pieces.append(item)
+        size += len(item)
+        if size >= limit:
+            return b"".join(pieces), None
+        try:
+            item = chunks.get_nowait()
+        except queue.Empty:
+            return b"".join(pieces), None
