@@ -57,9 +57,11 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
 CLUSTER_BACKENDS = ("kubernetes", "volcano", "mpijob")  # `run --backend` and an mpi connection's extra
 
 
-def cluster_backend(args: argparse.Namespace, kind: str = "kubernetes") -> tuple[KubernetesBackend, str]:
-    """The backend (``kind``: kubernetes, volcano or mpijob) for the cluster the arguments name,
-    and the namespace to work in."""
+def cluster_backend(args: argparse.Namespace, kind: str | None = None) -> tuple[KubernetesBackend, str]:
+    """The backend (``kind``: kubernetes, volcano or mpijob; default: what ``--conn-id``'s
+    connection names, else kubernetes) for the cluster the arguments name, and the namespace."""
+    if kind is None:
+        kind = connection_backend(args.conn_id) if args.conn_id else "kubernetes"
     if args.conn_id:
         if args.kubeconfig or args.context:
             raise BackendUnavailable("give either --conn-id or --kubeconfig/--context, not both")
@@ -106,18 +108,31 @@ def _backend_from_kubeconfig(
     return KubernetesBackend(api_client=api_client, namespace=namespace, api_timeout=api_timeout)
 
 
-def _backend_from_connection(conn_id: str, namespace: str | None, api_timeout: float) -> KubernetesBackend:
-    from airflow_mpi.backends.kubernetes import KubernetesBackend
+def connection_backend(conn_id: str) -> str:
+    """The backend an Airflow connection names: an ``mpi`` connection's extra ``backend`` (default
+    local); ``kubernetes`` for a Kubernetes connection itself."""
+    hook, connection = _read_connection(conn_id)
+    if connection.conn_type != "mpi":
+        return "kubernetes"
+    return str(hook.connection_extras().get("backend") or "local")
 
+
+def _read_connection(conn_id: str) -> tuple[Any, Any]:
     try:
         from airflow_mpi.hooks.mpi import MPIJobHook
     except ImportError as error:
         raise BackendUnavailable(f"--conn-id needs Airflow ({error}); use --kubeconfig instead") from None
     hook = MPIJobHook(conn_id)
     try:
-        connection = hook.get_connection(conn_id)
+        return hook, hook.get_connection(conn_id)
     except Exception as error:
         raise BackendUnavailable(f"cannot read Airflow connection {conn_id!r}: {error}") from None
+
+
+def _backend_from_connection(conn_id: str, namespace: str | None, api_timeout: float) -> KubernetesBackend:
+    from airflow_mpi.backends.kubernetes import KubernetesBackend
+
+    hook, connection = _read_connection(conn_id)
     if connection.conn_type != "mpi":  # a Kubernetes connection itself
         return KubernetesBackend(kubernetes_conn_id=conn_id, namespace=namespace, api_timeout=api_timeout)
     extras = hook.connection_extras()

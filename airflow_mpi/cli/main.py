@@ -4,7 +4,7 @@ airflow-mpi render SPEC.yaml [--backend kubernetes|volcano|mpijob] [--run-id ID]
     [--show-secrets] [--json]
 airflow-mpi validate SPEC.yaml
 airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
-airflow-mpi run SPEC.yaml --backend kubernetes|volcano|mpijob [--kubeconfig F | --conn-id ID]  (on a cluster)
+airflow-mpi run SPEC.yaml [--backend kubernetes|volcano|mpijob] [--kubeconfig F | --conn-id ID]  (on a cluster)
 airflow-mpi jobs | logs JOB [-f] | delete JOB | gc --older-than D [--yes]  (jobs on a cluster: cli_cluster)
 airflow-mpi stacks JOB [--wait S] [--local]  (every rank's Python stack of a running job, local or cluster)
 airflow-mpi doctor [--local | --image IMAGE] (can this machine, or this image, run a job's pods?)
@@ -141,10 +141,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     backend = None
-    if args.backend != "local":
+    name = args.backend
+    if name is None:  # the connection's own backend, if one is named
+        from airflow_mpi.cli.cluster import connection_backend
+
+        name = connection_backend(args.conn_id) if args.conn_id else "local"
+    if name != "local":
         from airflow_mpi.cli.cluster import cluster_backend
 
-        backend, _ = cluster_backend(args, args.backend)
+        backend, _ = cluster_backend(args, name)
     return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir, backend=backend)
 
 
@@ -300,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--backend",
         choices=("local", "kubernetes", "volcano", "mpijob"),
-        default="local",
-        help="where the job runs (default: local; the others on a cluster)",
+        default=None,
+        help="where the job runs (default: the backend of the --conn-id connection, else local)",
     )
     add_cluster_args(run)  # --backend kubernetes|volcano|mpijob: which cluster
     run.set_defaults(func=cmd_run)

@@ -273,6 +273,25 @@ def test_run_on_volcano_or_mpijob_streams_the_log_and_exits_with_the_jobs_code(
     assert everything(kube) == []
 
 
+def test_run_with_an_mpi_connection_runs_on_the_backend_the_connection_names(
+    kube: KubeDouble,
+    scripts: Scripts,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # No --backend: the connection's own (an MPIJob here), not the local backend.
+    install_connections(monkeypatch, kube, mpi_conn_id="mpi_mpijob", backend="mpijob")
+    scripts.on("-launcher-", PodScript(lines=lambda: iter(["[1,0]<stdout>:epoch 1"]), exit_code=0))
+    job = {"name": "viaconn", "image": "registry.example/train:1", "command": ["python"], "workers": {"replicas": 2}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    code = main(["run", str(tmp_path / "job.yaml"), "--conn-id", "mpi_mpijob", "--run-id", "r1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "on the mpijob backend" in out and "[1,0]<stdout>:epoch 1" in out, out
+    assert everything(kube) == []
+
+
 @pytest.mark.parametrize("kind", ["volcano", "mpijob"])
 def test_run_on_volcano_or_mpijob_interrupted_deletes_the_job_and_what_its_controller_made(
     kube: KubeDouble, scripts: Scripts, tmp_path: Path, kind: str
