@@ -20,7 +20,7 @@ from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, e
 from airflow_mpi.backends.kubernetes import KubernetesBackend, Obj
 from airflow_mpi.exceptions import JobNotFound
 from airflow_mpi.job.naming import LABEL_JOB, job_selector
-from airflow_mpi.kinds.strategy import KINDS, kind_of
+from airflow_mpi.kinds.strategy import kind_of, registered_kinds
 from airflow_mpi.observe.jobtable import MANAGED_SELECTOR, JobRow, summarize_job
 from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
 from airflow_mpi.observe.output import split_tag
@@ -45,7 +45,7 @@ class Cluster:
                 api_client=backend.api_client,
                 api_timeout=backend.api_timeout,
             )
-            for kind in KINDS
+            for kind in registered_kinds()
         }
 
     def backend_for(self, job_name: str) -> KubernetesBackend:
@@ -55,9 +55,9 @@ class Cluster:
             found = self.base.objects.list(self.namespace, plural, job_selector(job_name))
             if found:
                 return self.kinds[kind_of(found[0]).name]
-        for kind in ("pods", "volcano", "mpijob"):  # a Service first: every cluster has the kind
-            if self.kinds[kind].job_exists(job_name, self.namespace):
-                return self.kinds[kind]
+        for backend in self.kinds.values():  # the registry's order: plain pods (a Service) first
+            if backend.job_exists(job_name, self.namespace):
+                return backend
         raise JobNotFound(
             f"no job {job_name} in namespace {self.namespace}: `airflow-mpi jobs --namespace {self.namespace}` "
             "lists the jobs there"

@@ -45,10 +45,10 @@ class JobCreation:
         self.watch, self.remove = watch, remove
 
     def create(self, plan: JobPlan, namespace: str) -> None:
-        if self.kind.top is None:
-            self._create_pods_job(plan, namespace)
-        else:
+        if self.kind.controller_makes_pods():
             self._create_custom_job(plan, namespace)
+        else:
+            self._create_pods_job(plan, namespace)
 
     def _create_pods_job(self, plan: JobPlan, namespace: str) -> None:
         manifests = self.kind.render(plan, namespace)
@@ -62,7 +62,7 @@ class JobCreation:
             secret, config_map, *rest = manifests[1:]
             self.objects.create(namespace, "secrets", secret)
             self.objects.create(namespace, "configmaps", config_map)
-            if plan.spec.scheduling.gang is not None:
+            if self.kind.starts_master_with_workers(plan):  # a gang: every pod at once
                 self._create_gang(namespace, job, rest)
                 return
             *workers, master = rest
@@ -113,15 +113,14 @@ class JobCreation:
 
     def _create_custom_job(self, plan: JobPlan, namespace: str) -> None:
         """The top object and our Secret and ConfigMap, made its dependents: created after it,
-        or (``ours_before_top``) before it and then given their owner."""
-        kind, top = self.kind, self.kind.top
-        assert top is not None
+        or (``creates_ours_before_top``) before it and then given their owner."""
+        kind, top = self.kind, self.kind.top_resource
         top_object, *ours = kind.render(plan, namespace)
         if self.custom.get(namespace, top, plan.job_name) is not None:
             self._delete_earlier_attempt(namespace, plan.job_name)  # its pods may be half-way
         made: list[tuple[str, Obj]] = []
         try:
-            if kind.ours_before_top:
+            if kind.creates_ours_before_top():
                 for obj, plural in zip(ours, ("secrets", "configmaps"), strict=True):
                     obj["metadata"].pop("ownerReferences", None)
                     made.append((plural, self._create_fresh(namespace, plural, obj)))
@@ -134,7 +133,7 @@ class JobCreation:
             for plural, obj in made:
                 obj["metadata"]["ownerReferences"] = [owner]
                 self.objects.replace(namespace, plural, obj)
-            if not kind.ours_before_top:
+            if not kind.creates_ours_before_top():
                 for obj, plural in zip(ours, ("secrets", "configmaps"), strict=True):
                     self.objects.create(namespace, plural, obj)
         except BaseException:
@@ -154,8 +153,7 @@ class JobCreation:
             return self.objects.create(namespace, plural, manifest)
 
     def _delete_earlier_attempt(self, namespace: str, name: str) -> None:
-        top = self.kind.top
-        assert top is not None
+        top = self.kind.top_resource
         self.custom.delete(namespace, top, name, propagation="Foreground")
         if not self.custom.wait_gone(namespace, top, name, 60):
             label = self.kind.top_label

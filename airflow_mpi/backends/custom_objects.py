@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.backends.k8s_errors import (
@@ -22,6 +22,9 @@ from airflow_mpi.backends.k8s_errors import (
 )
 from airflow_mpi.exceptions import BackendError
 from airflow_mpi.job.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, run_selector
+
+if TYPE_CHECKING:
+    from airflow_mpi.backends.core_objects import CoreObjects
 
 # (group, version, plural, kind), as the builders declare them.
 GVK = tuple[str, str, str, str]
@@ -139,12 +142,30 @@ class CustomObjects:
         return True
 
 
-def find_custom_jobs(custom: CustomObjects, namespace: str, gvk: GVK, identity: RunIdentity) -> list[FoundJob]:
-    """The jobs a custom kind (Volcano Job, MPIJob) holds for every try of this task instance,
-    oldest try first: the top object carries the run labels."""
-    found = []
-    for obj in custom.list(namespace, gvk, run_selector(identity)):
-        labels = obj["metadata"].get("labels") or {}
-        name = labels.get(LABEL_JOB, obj["metadata"]["name"])
-        found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
-    return sorted(found, key=lambda job: job.try_number)
+class TopObjects:
+    """A job's top object (what deleting takes the whole job), read alike whatever its API: a
+    controller's custom resource, or our Service in the core API (``JobKind.top_resource``)."""
+
+    def __init__(self, objects: CoreObjects, custom: CustomObjects, resource: GVK) -> None:
+        self.objects, self.custom, self.resource = objects, custom, resource
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        group, _, plural, _ = self.resource
+        return self.custom.get(namespace, self.resource, name) if group else self.objects.get(namespace, plural, name)
+
+    def select(self, namespace: str, selector: str) -> list[Obj]:
+        """The top objects with labels matching ``selector``."""
+        group, _, plural, _ = self.resource
+        if group:
+            return self.custom.list(namespace, self.resource, selector)
+        return self.objects.list(namespace, plural, selector)
+
+    def find_jobs(self, namespace: str, identity: RunIdentity) -> list[FoundJob]:
+        """The jobs of every try of this task instance, oldest try first: their top objects
+        carry the run labels (one list request)."""
+        found = []
+        for obj in self.select(namespace, run_selector(identity)):
+            labels = obj["metadata"].get("labels") or {}
+            name = labels.get(LABEL_JOB, obj["metadata"]["name"])
+            found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
+        return sorted(found, key=lambda job: job.try_number)

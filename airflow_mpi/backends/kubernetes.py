@@ -32,26 +32,26 @@ from airflow_mpi import contract
 from airflow_mpi.backends.base import FoundJob
 from airflow_mpi.backends.core_objects import CoreObjects
 from airflow_mpi.backends.creation import JobCreation
-from airflow_mpi.backends.custom_objects import CustomObjects, find_custom_jobs
+from airflow_mpi.backends.custom_objects import CustomObjects, TopObjects
 from airflow_mpi.backends.k8s_errors import API_TIMEOUT, RBAC_DOC, ApiSilence
 from airflow_mpi.backends.log_follow import MasterLogFollow
 from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.backends.removal import JobRemoval
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
-from airflow_mpi.job.naming import LABEL_JOB, LABEL_TRY_NUMBER, RunIdentity, build_pod_name, job_selector, run_selector
+from airflow_mpi.job.naming import RunIdentity, job_selector
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.kinds.permissions import missing_permissions, render_missing
+from airflow_mpi.kinds.registry import BACKEND_OF_KIND
 from airflow_mpi.kinds.strategy import JobKind, job_kind
 from airflow_mpi.observe.readiness import HostProbe, probes_from_states
 from airflow_mpi.observe.stacks import stacks_command
-from airflow_mpi.observe.status import PodPhase, PodState, pod_state_from_k8s
+from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.spec import MPIJobSpec, Role
 
 _log = logging.getLogger(__name__)
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
 CONDITION_WAIT = 2.0  # for the top object to say why the master pod is gone, once it is
-BACKEND_NAMES = {"pods": "kubernetes"}  # the connection's ``backend`` extra for each kind
 
 Obj = dict[str, Any]
 
@@ -74,7 +74,7 @@ class KubernetesBackend:
         self.kind: JobKind = job_kind(kind)
         # What the cluster's platform writes into every pod (its connection's ``nccl_ib_env``).
         self.platform_env = dict(platform_env or {})
-        self.name = BACKEND_NAMES.get(kind, kind)
+        self.name = BACKEND_OF_KIND[self.kind.name]  # the connection's ``backend`` that runs the kind
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
         self._api_client = api_client
@@ -128,6 +128,11 @@ class KubernetesBackend:
     def custom(self) -> CustomObjects:
         """Custom objects (top objects, PodGroups, Kueue Workloads), bounded as the core ones."""
         return CustomObjects(self.api_client, self.objects.request, self.api_url)
+
+    @cached_property
+    def tops(self) -> TopObjects:
+        """The jobs' top objects (a controller's custom objects, or our Services)."""
+        return TopObjects(self.objects, self.custom, self.kind.top_resource)
 
     @cached_property
     def creation(self) -> JobCreation:
@@ -216,12 +221,7 @@ class KubernetesBackend:
         if not pods:
             watcher.stop()
             raise JobNotFound(f"no job {job_name} in namespace {namespace} (no pods with its label)")
-        roles = {name: pod_state_from_k8s(pod).role for name, pod in pods.items()}
-        master = next((n for n, r in roles.items() if r is Role.MASTER), build_pod_name(job_name, Role.MASTER, 0))
-        if self.kind.master_generated:
-            roles = {name: role for name, role in roles.items() if role is not Role.MASTER}
-            master = self.kind.master_pod(job_name, [])
-            roles[master] = Role.MASTER
+        master, roles = self.kind.attached_roles(job_name, pods)
         job = WatchedJob(name=job_name, namespace=namespace, watcher=watcher, roles=roles, master=master)
         self._jobs[job_name] = job
         return job
@@ -234,8 +234,8 @@ class KubernetesBackend:
             pods = list(job.watcher.table.pods.values())
         scheduling = job.plan.spec.scheduling if job.plan is not None else None
         top = None
-        if kind.top is not None and kind.reads_top_to_queue(pods):
-            top = self.custom.get(job.namespace, kind.top, job_name)
+        if kind.reads_top_to_queue(pods):
+            top = self.tops.get(job.namespace, job_name)
         gang = scheduling is not None and scheduling.gang is not None
         check = kind.queue_check(gang, scheduling.queue if scheduling else None, pods, top)
         if check.failure is not None:
@@ -257,7 +257,7 @@ class KubernetesBackend:
             states = job.watcher.table.states(job.roles)
             deleting = {n for n, pod in job.watcher.table.pods.items() if pod["metadata"].get("deletionTimestamp")}
         master = next((state for state in states if state.name == job.master), None)
-        if master is not None and master.reason == "Deleted" and self.kind.explains_master_deletion:
+        if master is not None and master.reason == "Deleted" and self.kind.reads_top_when_master_deleted():
             failure = self._master_gone_failure(job)
             if failure is not None:
                 states = [s for s in states if s is not master]
@@ -269,11 +269,9 @@ class KubernetesBackend:
         condition): its controller writes it a moment after the pod goes, so it is waited for
         up to ``CONDITION_WAIT`` seconds, once."""
         if job.gone_failure is None:
-            top = self.kind.top
-            assert top is not None
             deadline = time.monotonic() + CONDITION_WAIT
             while True:
-                failure = self.kind.master_gone_failure(self.custom.get(job.namespace, top, job.name))
+                failure = self.kind.master_gone_failure(self.tops.get(job.namespace, job.name))
                 if failure is not None or time.monotonic() >= deadline:
                     job.gone_failure = (failure,)
                     break
@@ -296,7 +294,7 @@ class KubernetesBackend:
         """Create the master pod (``pods`` kind, no gang); a controller's kind, or a gang, started
         it with the workers: its launch script waits for their sshd."""
         job = self._job(job_name)
-        if self.kind.top is not None or (job.plan is not None and job.plan.spec.scheduling.gang is not None):
+        if self.kind.starts_master_with_workers(job.plan):
             job.roles.setdefault(job.master, Role.MASTER)
             return
         if job.master_manifest is None:  # adopted after a deferral: the job's Service owns it
@@ -396,14 +394,7 @@ class KubernetesBackend:
     def find_jobs(self, identity: RunIdentity, namespace: str) -> list[FoundJob]:
         """Jobs of every try of this task instance (one list request: their top objects carry
         the run labels)."""
-        if self.kind.top is not None:
-            return find_custom_jobs(self.custom, namespace, self.kind.top, identity)
-        found = []
-        for service in self.objects.list(namespace, "services", run_selector(identity)):
-            labels = service["metadata"].get("labels") or {}
-            name = labels.get(LABEL_JOB, service["metadata"]["name"])
-            found.append(FoundJob(name, namespace, int(labels.get(LABEL_TRY_NUMBER, 0))))
-        return sorted(found, key=lambda job: job.try_number)
+        return self.tops.find_jobs(namespace, identity)
 
     def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
         """Watch an existing job (an earlier try's) as if it had been created here; a generated
@@ -414,12 +405,12 @@ class KubernetesBackend:
         watcher.check()
         kind = self.kind
         with watcher.cond:
-            if plan.master.name in watcher.table.pods or kind.master_generated:
+            if kind.master_counts_from_start(watcher.table, plan.master.name):
                 job.roles[plan.master.name] = Role.MASTER
             unseen = kind.master_pod_now(watcher.table, plan.master.name) is None
-        if unseen and kind.top is not None and kind.explains_master_deletion:
+        if unseen and kind.reads_top_when_master_deleted():
             # Its master pod may have gone before this watch began: the top object says why.
-            failure = kind.master_gone_failure(self.custom.get(namespace, kind.top, plan.job_name))
+            failure = kind.master_gone_failure(self.tops.get(namespace, plan.job_name))
             if failure is not None:
                 job.gone_failure = (failure,)
                 with watcher.cond:
@@ -430,9 +421,7 @@ class KubernetesBackend:
 
     def job_exists(self, job_name: str, namespace: str) -> bool:
         """Whether the job's top object is there."""
-        if self.kind.top is not None:
-            return self.custom.get(namespace, self.kind.top, job_name) is not None
-        return self.objects.get(namespace, "services", job_name) is not None
+        return self.tops.get(namespace, job_name) is not None
 
     def master_pod_name(self, job_name: str, namespace: str) -> str:
         """The pod whose log is the job's (an MPIJob's: its newest launcher pod)."""

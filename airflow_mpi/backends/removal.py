@@ -39,11 +39,12 @@ class JobRemoval:
     def remove(self, job: WatchedJob | None, job_name: str, namespace: str) -> None:
         """Delete the job's top object (the rest goes with it) and wait until its pods are gone
         (``job``: its watch, when this process has one)."""
-        top = self.kind.top
-        if top is not None:  # foreground: it is gone only once everything it owns is
+        controller = self.kind.controller_makes_pods()
+        top = self.kind.top_resource
+        if controller:  # foreground: it is gone only once everything it owns is
             self.custom.delete(namespace, top, job_name, propagation="Foreground")
         self._remove_core(job, job_name, namespace)
-        if top is not None:
+        if controller:
             self.custom.wait_gone(namespace, top, job_name, TEARDOWN_WAIT)
 
     def _remove_core(self, job: WatchedJob | None, job_name: str, namespace: str) -> None:
@@ -149,9 +150,9 @@ class JobRemoval:
                 break
             time.sleep(0.2)
         kind = self.kind
-        if kind.top is None:
+        if not kind.controller_makes_pods():  # our Service was among what was listed
             return found
-        if self.custom.get(namespace, kind.top, job_name) is not None:
+        if self.custom.get(namespace, kind.top_resource, job_name) is not None:
             found.append(f"{kind.top_label} {job_name}")
         for plural, query in kind.extra_leftover_queries(job_name):
             found += [f"{plural[:-1]} {o['metadata']['name']}" for o in self.objects.list(namespace, plural, query)]

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_mpi.backends import KUBERNETES_KINDS
 from airflow_mpi.exceptions import BackendUnavailable
 from airflow_mpi.observe.jobtable import gc_verdict, parse_duration, render_table
 from airflow_mpi.observe.lines import PartialLine
@@ -54,7 +55,7 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-CLUSTER_BACKENDS = ("kubernetes", "volcano", "mpijob")  # `run --backend` and an mpi connection's extra
+CLUSTER_BACKENDS = tuple(KUBERNETES_KINDS)  # `run --backend` and an mpi connection's extra
 
 
 def cluster_backend(args: argparse.Namespace, kind: str | None = None) -> tuple[KubernetesBackend, str]:
@@ -69,8 +70,7 @@ def cluster_backend(args: argparse.Namespace, kind: str | None = None) -> tuple[
     else:
         backend = _backend_from_kubeconfig(args.kubeconfig, args.context, args.namespace, args.api_timeout)
     namespace = backend.namespace_for(MPIJobSpec(name="cli", command=("true",)))
-    if kind != "kubernetes":
-        from airflow_mpi.backends import KUBERNETES_KINDS
+    if kind != backend.name:  # the connection's or kubeconfig's backend runs plain pods
         from airflow_mpi.backends.kubernetes import KubernetesBackend
 
         backend = KubernetesBackend(
@@ -139,7 +139,7 @@ def _backend_from_connection(conn_id: str, namespace: str | None, api_timeout: f
     if (extras.get("backend") or "local") not in CLUSTER_BACKENDS:
         raise BackendUnavailable(
             f"connection {conn_id!r} uses the {extras.get('backend') or 'local'} backend: the cluster commands need "
-            "one whose extra 'backend' is 'kubernetes', 'volcano' or 'mpijob', or a Kubernetes connection"
+            f"one whose extra 'backend' is one of {', '.join(CLUSTER_BACKENDS)}, or a Kubernetes connection"
         )
     return KubernetesBackend(
         kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from airflow_mpi import __version__
+from airflow_mpi.backends import BACKEND_NAMES, KUBERNETES_KINDS
 from airflow_mpi.cli.cluster import add_cluster_args, add_cluster_commands
 from airflow_mpi.exceptions import BackendError, JobFailed, MPIJobError, SpecError, SpecIssue
 from airflow_mpi.job.naming import RunIdentity
@@ -93,22 +94,12 @@ def cli_identity(spec: MPIJobSpec, args: argparse.Namespace) -> RunIdentity:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """Exactly what the chosen backend creates (with its gang setting, if the spec has one)."""
-    from airflow_mpi.job.plan import render_plan
-    from airflow_mpi.kinds.gang import render_gang_manifests
-    from airflow_mpi.kinds.volcano import render_volcano_manifests
+    from airflow_mpi.kinds.strategy import kind_for_backend
 
     spec = load_spec(args.spec)
-    if args.backend == "mpijob":
-        from airflow_mpi.kinds.mpijob import render_mpijob_manifests, render_mpijob_plan
-
-        plan = render_mpijob_plan(spec, cli_identity(spec, args))
-    else:
-        plan = render_plan(spec, cli_identity(spec, args))
-    namespace = spec.pod.namespace or args.namespace
-    render = render_volcano_manifests if args.backend == "volcano" else render_gang_manifests
-    if args.backend == "mpijob":
-        render = render_mpijob_manifests
-    objects = render(plan, namespace, redact_secrets=not args.show_secrets)
+    kind = kind_for_backend(args.backend)
+    plan = kind.render_plan(spec, cli_identity(spec, args))
+    objects = kind.render(plan, spec.pod.namespace or args.namespace, redact_secrets=not args.show_secrets)
     if args.json:
         json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -284,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_args(render)
     render.add_argument(
         "--backend",
-        choices=("kubernetes", "volcano", "mpijob"),
+        choices=tuple(KUBERNETES_KINDS),
         default="kubernetes",
         help="the backend whose objects to print (default: kubernetes, with the spec's gang setting)",
     )
@@ -304,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
     run.add_argument(
         "--backend",
-        choices=("local", "kubernetes", "volcano", "mpijob"),
+        choices=BACKEND_NAMES,
         default=None,
         help="where the job runs (default: the backend of the --conn-id connection, else local)",
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND
+from airflow_mpi.backends import BACKEND_NAMES, DEFAULT_BACKEND, describe_backends
 
 HIDDEN_FIELDS = ["host", "schema", "login", "password", "port", "extra"]
 EXTRA_PREFIX = "extra__mpi__"  # how Airflow 3.0 and 3.1 may name a form field in the extras
@@ -18,8 +18,7 @@ EXTRA_PREFIX = "extra__mpi__"  # how Airflow 3.0 and 3.1 may name a form field i
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     "backend": {
         "label": "Backend",
-        "description": "'local' (namespaced processes on this machine), 'kubernetes' (pods), "
-        "'volcano' (a Volcano Job) or 'mpijob' (a Kubeflow MPIJob, run by mpi-operator)",
+        "description": describe_backends(),
         # The hook's names and default: the form preselects the default and
         # offers no empty choice (the hook treats an unset backend as the default).
         "schema": {"type": "string", "enum": list(BACKEND_NAMES), "default": DEFAULT_BACKEND},

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from typing import ClassVar
 
 from airflow_mpi import contract
 from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, PodPaths
@@ -37,8 +38,9 @@ from airflow_mpi.kinds.manifests import (
     render_secret,
     require_image,
 )
+from airflow_mpi.kinds.strategy import JobKind, Obj, QueueCheck, newest_pod
 from airflow_mpi.kinds.volcano import share_worker_host_key
-from airflow_mpi.observe.status import PodState
+from airflow_mpi.observe.status import PodState, pod_state_from_k8s
 from airflow_mpi.spec import Gang, HostsMode, MPIJobSpec, Role
 from airflow_mpi.spec.formats import DNS_LABEL
 
@@ -298,3 +300,101 @@ def without_cleanup_kills(states: list[PodState], deleting: set[str]) -> list[Po
         for state in states
         if state.role is Role.MASTER or (state.name not in deleting and state.reason != "Deleted")
     ]
+
+
+# How long a custom top object may go without any sign of its controller (no condition, no
+# pods) before the controller is taken to be absent.
+CONTROLLER_GRACE = 60.0
+
+
+class MPIJobKind(JobKind):
+    """A ``kubeflow.org`` MPIJob: mpi-operator creates the workers and a launcher batch Job whose
+    newest pod is the master, and removes the workers once the launcher ended."""
+
+    name = "mpijob"
+    top = MPIJOB
+    top_label = "MPIJob"
+    launcher_owner: ClassVar[tuple[str, str]] = ("batch/v1", "Job")  # the launcher pod's owner
+    ours_before_top = True
+    master_generated = True
+    explains_master_deletion = True
+
+    def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
+        """The MPIJob, our Secret, our ConfigMap."""
+        return list(render_mpijob_manifests(plan, namespace, redact_secrets=redact_secrets))
+
+    def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
+        return render_mpijob_owner_reference(plan, uid)
+
+    def config_map_name(self, job_name: str) -> str:
+        return mpijob_config_map_name(job_name)
+
+    def render_plan(
+        self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None
+    ) -> JobPlan:
+        return render_mpijob_plan(spec, identity, platform_env=platform_env)
+
+    def owns(self, obj: Obj) -> bool:
+        """Owned by the MPIJob, or by its launcher's batch Job (the launcher pod); or by nothing
+        yet: this kind alone creates its Secret and ConfigMap before their owner exists."""
+        refs = obj.get("metadata", {}).get("ownerReferences") or []
+        return not refs or any(
+            (ref.get("apiVersion"), ref.get("kind")) in (self.top_owner, self.launcher_owner) for ref in refs
+        )
+
+    def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
+        """Without the workers the controller removes once the launcher ended by itself."""
+        return without_cleanup_kills(states, deleting)
+
+    def master_gone_failure(self, top: Obj | None) -> str | None:
+        """The MPIJob's ``Failed`` condition (e.g. the launcher Job's ``DeadlineExceeded``)."""
+        return describe_mpijob_failure(top)
+
+    def listed_states(self, pods: list[Obj]) -> list[PodState]:
+        """The newest launcher pod as the master (the batch Job replaces one that failed)."""
+        states = [pod_state_from_k8s(pod) for pod in pods]
+        launchers = [pod for pod, state in zip(pods, states, strict=True) if state.role is Role.MASTER]
+        newest = newest_pod(launchers)
+        kept = [state for state in states if state.role is not Role.MASTER or state.name == newest]
+        deleting = {pod["metadata"]["name"] for pod in pods if pod["metadata"].get("deletionTimestamp")}
+        return self.observe(kept, deleting)
+
+    def master_pod(self, job_name: str, pods: list[Obj]) -> str:
+        """The newest launcher pod (``<job>-launcher-<random>``), or the launcher's name if none."""
+        launchers = [pod for pod in pods if pod["metadata"]["name"].startswith(f"{launcher_name(job_name)}-")]
+        return newest_pod(launchers) or launcher_name(job_name)
+
+    def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
+        """Queued while the MPIJob is suspended (Kueue has not admitted it) or has no pods yet
+        (its gang waits); failed at once when the MPIJob failed before any pod existed."""
+        if pods:  # a gang's pods wait unscheduled; others are not queued (startup_timeout holds)
+            return super().queue_check(gang, queue, pods, top)
+        failure = describe_mpijob_failure(top)
+        if failure is not None:
+            return QueueCheck(failure=failure)
+        return QueueCheck(reason=describe_mpijob_wait(top, False))
+
+    def reads_events_to_queue(self, top: Obj | None) -> bool:
+        """An MPIJob with no condition yet: mpi-operator refuses an invalid one only with an event."""
+        return top is not None and not (top.get("status") or {}).get("conditions")
+
+    def refusal(self, job_name: str, events: list[Obj], waited: float) -> str | None:
+        refused = describe_validation_event(events)
+        if refused is not None:
+            return f"mpi-operator refused MPIJob {job_name} (ValidationError): {refused}"
+        if waited > CONTROLLER_GRACE:
+            return (
+                f"MPIJob {job_name}: mpi-operator has not acted on it in {waited:.0f}s (no condition, no pods): "
+                "install mpi-operator v0.5.0 or later, or check that it is running and watches this namespace"
+            )
+        return None
+
+    def extra_leftover_queries(self, job_name: str) -> list[tuple[str, str]]:
+        return [("pods", f"{LABEL_OPERATOR_JOB}={job_name}")]
+
+    def leftover_names(self, job_name: str) -> list[tuple[str, str]]:
+        """The controller's own Service, ssh Secret and hostfile ConfigMap."""
+        return [("services", job_name), ("secrets", f"{job_name}-ssh"), ("configmaps", f"{job_name}-config")]
+
+    def master_selector(self, job_name: str) -> str:
+        return launcher_selector(job_name)

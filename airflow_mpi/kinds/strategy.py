@@ -14,45 +14,25 @@ are given a kind by name and call these very functions on what they read, so bot
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from airflow_mpi.job.naming import RunIdentity, build_pod_name, job_selector
+from airflow_mpi.job.naming import RunIdentity, build_pod_name
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
 from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, config_map_name, render_owner_reference
-from airflow_mpi.kinds.mpijob import (
-    LABEL_OPERATOR_JOB,
-    MPIJOB,
-    describe_mpijob_failure,
-    describe_mpijob_wait,
-    describe_validation_event,
-    launcher_name,
-    launcher_selector,
-    mpijob_config_map_name,
-    render_mpijob_manifests,
-    render_mpijob_owner_reference,
-    render_mpijob_plan,
-    without_cleanup_kills,
-)
 from airflow_mpi.kinds.permissions import WATCHDOG_RULES, Permission, build_job_rules, build_permissions
-from airflow_mpi.kinds.volcano import (
-    VOLCANO_JOB,
-    describe_volcano_wait,
-    render_volcano_manifests,
-    render_volcano_owner_reference,
-    without_policy_kills,
-)
+from airflow_mpi.kinds.registry import KIND_ENTRIES, KIND_OF_BACKEND
 from airflow_mpi.observe.status import PodState, PodTable, pod_state_from_k8s
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
 
 Obj = dict[str, Any]
 GVK = tuple[str, str, str, str]  # (group, version, plural, kind)
 
-# How long a custom top object may go without any sign of its controller (no condition, no
-# pods) before the controller is taken to be absent.
-CONTROLLER_GRACE = 60.0
+SERVICE: GVK = ("", "v1", "services", "Service")  # the ``pods`` kind's top object
 
 
 @dataclass(frozen=True)
@@ -70,7 +50,7 @@ NOT_QUEUED = QueueCheck()
 class JobKind:
     """The ``pods`` kind, and what every kind shares; the others override what differs."""
 
-    name: ClassVar[str] = "pods"
+    name: ClassVar[str] = "pods"  # its entry in ``kinds.registry``
     # The custom object a job of this kind is (None: our own objects, owned by a Service).
     top: ClassVar[GVK | None] = None
     top_label: ClassVar[str] = "Service"  # for messages: "Volcano job", "MPIJob"
@@ -83,6 +63,22 @@ class JobKind:
     explains_master_deletion: ClassVar[bool] = False
 
     @property
+    def top_resource(self) -> GVK:
+        """The API resource of the job's top object: the controller's custom resource, or our
+        Service (group "": the core API)."""
+        return self.top or SERVICE
+
+    def controller_makes_pods(self) -> bool:
+        """Whether a controller creates the job's pods from its top object (a pod not there yet
+        may still come; the controller's object goes first and last), rather than we ourselves."""
+        return self.top is not None
+
+    def creates_ours_before_top(self) -> bool:
+        """Whether our Secret and ConfigMap are created before the top object (its controller
+        starts pods at once, and a pod must find its volumes) and then made its dependents."""
+        return self.ours_before_top
+
+    @property
     def top_owner(self) -> tuple[str, str]:
         """(apiVersion, kind) of the owner of the job's own objects: the top object."""
         if self.top is None:
@@ -90,9 +86,10 @@ class JobKind:
         group, version, _, kind = self.top
         return (f"{group}/{version}", kind)
 
-    def render(self, plan: JobPlan, namespace: str) -> list[Obj]:
-        """Every object the job is made of, in creation order (the top object first)."""
-        return render_gang_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID)
+    def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
+        """Every object the job is made of, in creation order (the top object first);
+        ``redact_secrets``: the keys replaced by a placeholder (what ``airflow-mpi render`` prints)."""
+        return render_gang_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID, redact_secrets=redact_secrets)
 
     def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
         """What makes our objects the top object's dependents (deleted with it)."""
@@ -114,13 +111,17 @@ class JobKind:
         """The job's plan as this kind runs it (``platform_env``: what the platform writes into every pod)."""
         return render_plan(spec, identity, platform_env=platform_env)
 
-    def starts_master_with_workers(self, plan: JobPlan) -> bool:
+    def starts_master_with_workers(self, plan: JobPlan | None) -> bool:
         """Whether the master is created with the workers (its launch script then waits for
-        their sshd) rather than once they are ready: a gang starts whole."""
-        return plan.spec.scheduling.gang is not None
+        their sshd) rather than once they are ready: a controller starts every pod, a gang starts
+        whole (``plan`` None: a job adopted without its plan)."""
+        return self.controller_makes_pods() or (plan is not None and plan.spec.scheduling.gang is not None)
 
     def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
-        """(group, version, plural) of the custom objects named after the job that a kill deletes."""
+        """(group, version, plural) of the custom objects named after the job that a kill deletes:
+        the controller's top object, or Kueue's Workload of a job of ours."""
+        if self.top is not None:
+            return [self.top[:3]]
         gang = plan.spec.scheduling.gang
         return [KUEUE_WORKLOAD[:3]] if gang is Gang.KUEUE else []
 
@@ -139,6 +140,27 @@ class JobKind:
     def master_gone_failure(self, top: Obj | None) -> str | None:
         """Why the master pod was deleted, as the top object says (None: it does not say)."""
         return None
+
+    def reads_top_when_master_deleted(self) -> bool:
+        """Whether a deleted master pod is a reason to read the top object (``master_gone_failure``)."""
+        return self.explains_master_deletion
+
+    def master_counts_from_start(self, table: PodTable, master: str) -> bool:
+        """Whether an adopted job's master is watched from the start: seen already, or a
+        controller's, made with the workers."""
+        return self.master_generated or master in table.pods
+
+    def attached_roles(self, job_name: str, pods: Mapping[str, Obj]) -> tuple[str, dict[str, Role]]:
+        """The master's name and every pod's role, for a job found by name alone (the cluster CLI):
+        a generated master is its controller's newest pod, whatever name the watch sees."""
+        roles = {name: pod_state_from_k8s(pod).role for name, pod in pods.items()}
+        if self.master_generated:
+            master = self.master_pod(job_name, [])
+            roles = {name: role for name, role in roles.items() if role is not Role.MASTER}
+        else:
+            master = next((n for n, r in roles.items() if r is Role.MASTER), build_pod_name(job_name, Role.MASTER, 0))
+        roles[master] = Role.MASTER
+        return master, roles
 
     def listed_states(self, pods: list[Obj]) -> list[PodState]:
         """The deciding states from the pods as listed (no watch: the cluster CLI)."""
@@ -167,8 +189,9 @@ class JobKind:
     # --- queued ---------------------------------------------------------------------------
 
     def reads_top_to_queue(self, pods: list[Obj]) -> bool:
-        """Whether ``queue_check`` needs the top object (read only then: one request)."""
-        return False
+        """Whether ``queue_check`` needs the top object (read only then: one request): a
+        controller's, before it made any pod."""
+        return self.controller_makes_pods() and not pods
 
     def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
         """Whether the job waits for admission (``gang``: it has a gang setting; ``queue``: the
@@ -205,157 +228,42 @@ class JobKind:
         return []
 
 
-class VolcanoKind(JobKind):
-    name = "volcano"
-    top = VOLCANO_JOB
-    top_label = "Volcano job"
-
-    def render(self, plan: JobPlan, namespace: str) -> list[Obj]:
-        """The Volcano Job, our Secret, our ConfigMap."""
-        return list(render_volcano_manifests(plan, namespace))
-
-    def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
-        return render_volcano_owner_reference(plan, uid)
-
-    def starts_master_with_workers(self, plan: JobPlan) -> bool:
-        return True
-
-    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
-        return [VOLCANO_JOB[:3]]
-
-    def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
-        """Without the pods Volcano's policy deleted once one pod ended by itself."""
-        return without_policy_kills(states, deleting)
-
-    def reads_top_to_queue(self, pods: list[Obj]) -> bool:
-        return not pods
-
-    def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
-        """Queued while the Job is Pending and none of its pods exists yet (Volcano creates them
-        only once the queue admits the whole job)."""
-        if pods:
-            return NOT_QUEUED
-        return QueueCheck(reason=describe_volcano_wait(top))
-
-    def extra_leftover_queries(self, job_name: str) -> list[tuple[str, str]]:
-        return [("pods", job_selector(job_name))]
-
-
-class MPIJobKind(JobKind):
-    name = "mpijob"
-    top = MPIJOB
-    top_label = "MPIJob"
-    launcher_owner: ClassVar[tuple[str, str]] = ("batch/v1", "Job")  # the launcher pod's owner
-    ours_before_top = True
-    master_generated = True
-    explains_master_deletion = True
-
-    def render(self, plan: JobPlan, namespace: str) -> list[Obj]:
-        """The MPIJob, our Secret, our ConfigMap."""
-        return list(render_mpijob_manifests(plan, namespace))
-
-    def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
-        return render_mpijob_owner_reference(plan, uid)
-
-    def config_map_name(self, job_name: str) -> str:
-        return mpijob_config_map_name(job_name)
-
-    def render_plan(
-        self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None
-    ) -> JobPlan:
-        return render_mpijob_plan(spec, identity, platform_env=platform_env)
-
-    def starts_master_with_workers(self, plan: JobPlan) -> bool:
-        return True
-
-    def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
-        return [MPIJOB[:3]]
-
-    def owns(self, obj: Obj) -> bool:
-        """Owned by the MPIJob, or by its launcher's batch Job (the launcher pod); or by nothing
-        yet: this kind alone creates its Secret and ConfigMap before their owner exists."""
-        refs = obj.get("metadata", {}).get("ownerReferences") or []
-        return not refs or any(
-            (ref.get("apiVersion"), ref.get("kind")) in (self.top_owner, self.launcher_owner) for ref in refs
-        )
-
-    def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
-        """Without the workers the controller removes once the launcher ended by itself."""
-        return without_cleanup_kills(states, deleting)
-
-    def master_gone_failure(self, top: Obj | None) -> str | None:
-        """The MPIJob's ``Failed`` condition (e.g. the launcher Job's ``DeadlineExceeded``)."""
-        return describe_mpijob_failure(top)
-
-    def listed_states(self, pods: list[Obj]) -> list[PodState]:
-        """The newest launcher pod as the master (the batch Job replaces one that failed)."""
-        states = [pod_state_from_k8s(pod) for pod in pods]
-        launchers = [pod for pod, state in zip(pods, states, strict=True) if state.role is Role.MASTER]
-        newest = newest_pod(launchers)
-        kept = [state for state in states if state.role is not Role.MASTER or state.name == newest]
-        deleting = {pod["metadata"]["name"] for pod in pods if pod["metadata"].get("deletionTimestamp")}
-        return self.observe(kept, deleting)
-
-    def master_pod(self, job_name: str, pods: list[Obj]) -> str:
-        """The newest launcher pod (``<job>-launcher-<random>``), or the launcher's name if none."""
-        launchers = [pod for pod in pods if pod["metadata"]["name"].startswith(f"{launcher_name(job_name)}-")]
-        return newest_pod(launchers) or launcher_name(job_name)
-
-    def reads_top_to_queue(self, pods: list[Obj]) -> bool:
-        return not pods
-
-    def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
-        """Queued while the MPIJob is suspended (Kueue has not admitted it) or has no pods yet
-        (its gang waits); failed at once when the MPIJob failed before any pod existed."""
-        if pods:  # a gang's pods wait unscheduled; others are not queued (startup_timeout holds)
-            return super().queue_check(gang, queue, pods, top)
-        failure = describe_mpijob_failure(top)
-        if failure is not None:
-            return QueueCheck(failure=failure)
-        return QueueCheck(reason=describe_mpijob_wait(top, False))
-
-    def reads_events_to_queue(self, top: Obj | None) -> bool:
-        """An MPIJob with no condition yet: mpi-operator refuses an invalid one only with an event."""
-        return top is not None and not (top.get("status") or {}).get("conditions")
-
-    def refusal(self, job_name: str, events: list[Obj], waited: float) -> str | None:
-        refused = describe_validation_event(events)
-        if refused is not None:
-            return f"mpi-operator refused MPIJob {job_name} (ValidationError): {refused}"
-        if waited > CONTROLLER_GRACE:
-            return (
-                f"MPIJob {job_name}: mpi-operator has not acted on it in {waited:.0f}s (no condition, no pods): "
-                "install mpi-operator v0.5.0 or later, or check that it is running and watches this namespace"
-            )
-        return None
-
-    def extra_leftover_queries(self, job_name: str) -> list[tuple[str, str]]:
-        return [("pods", f"{LABEL_OPERATOR_JOB}={job_name}")]
-
-    def leftover_names(self, job_name: str) -> list[tuple[str, str]]:
-        """The controller's own Service, ssh Secret and hostfile ConfigMap."""
-        return [("services", job_name), ("secrets", f"{job_name}-ssh"), ("configmaps", f"{job_name}-config")]
-
-    def master_selector(self, job_name: str) -> str:
-        return launcher_selector(job_name)
-
-
-KINDS: dict[str, JobKind] = {kind.name: kind for kind in (JobKind(), VolcanoKind(), MPIJobKind())}
-# The cluster CLI tells a job's kind by its objects' owners, most specific first.
-OWNER_ORDER = ("volcano", "mpijob", "pods")
+@functools.cache
+def registered_kinds() -> dict[str, JobKind]:
+    """Every kind of ``kinds.registry``, by name, in its order (imported on first use: a kind's
+    module may import this one)."""
+    kinds: dict[str, JobKind] = {}
+    for entry in KIND_ENTRIES:
+        module, _, cls = entry.path.partition(":")
+        kind = getattr(importlib.import_module(module), cls)()
+        if kind.name != entry.name:
+            raise TypeError(f"{entry.path} is kind {kind.name!r}, registered as {entry.name!r}")
+        kinds[entry.name] = kind
+    return kinds
 
 
 def job_kind(name: str) -> JobKind:
     """The kind named ``name`` (``pods``, ``volcano``, ``mpijob``)."""
+    kinds = registered_kinds()
     try:
-        return KINDS[name]
+        return kinds[name]
     except KeyError:
-        raise ValueError(f"unknown job kind {name!r}: one of {', '.join(KINDS)}") from None
+        raise ValueError(f"unknown job kind {name!r}: one of {', '.join(kinds)}") from None
+
+
+def kind_for_backend(backend: str) -> JobKind:
+    """The kind an ``mpi`` connection's Kubernetes ``backend`` runs (``kubernetes``: plain pods)."""
+    try:
+        return job_kind(KIND_OF_BACKEND[backend])
+    except KeyError:
+        raise ValueError(f"unknown Kubernetes backend {backend!r}: one of {', '.join(KIND_OF_BACKEND)}") from None
 
 
 def kind_of(obj: Obj) -> JobKind:
-    """The kind of the job ``obj`` (our Secret, a pod) belongs to, by its owner."""
-    return next((KINDS[name] for name in OWNER_ORDER if KINDS[name].owns(obj)), KINDS["pods"])
+    """The kind of the job ``obj`` (our Secret, a pod) belongs to, by its owner: the kinds with a
+    top object of their own first, then the one whose objects a Service owns."""
+    kinds = sorted(registered_kinds().values(), key=lambda kind: kind.top is None)
+    return next((kind for kind in kinds if kind.owns(obj)), kinds[-1])
 
 
 def newest_pod(pods: list[Obj]) -> str | None:

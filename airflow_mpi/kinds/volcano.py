@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Collection
 
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.job.naming import LABEL_INDEX
+from airflow_mpi.job.naming import LABEL_INDEX, job_selector
 from airflow_mpi.job.plan import JobPlan, PodPlan
 from airflow_mpi.job.ssh import SshMaterial
 from airflow_mpi.kinds.manifests import (
@@ -33,6 +33,7 @@ from airflow_mpi.kinds.manifests import (
     render_secret,
     require_image,
 )
+from airflow_mpi.kinds.strategy import NOT_QUEUED, JobKind, Obj, QueueCheck
 from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, Role
 
@@ -192,3 +193,33 @@ def describe_volcano_wait(job: Manifest | None) -> str | None:
         return None
     queue = job.get("spec", {}).get("queue", DEFAULT_QUEUE)
     return f"queued in Volcano queue {queue!r}: job {phase or 'not yet seen by the controller'}"
+
+
+class VolcanoKind(JobKind):
+    """A ``batch.volcano.sh`` Job: Volcano's controller creates the pods once its queue admits
+    the whole job, and its policy deletes the other pods once one ended by itself."""
+
+    name = "volcano"
+    top = VOLCANO_JOB
+    top_label = "Volcano job"
+
+    def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
+        """The Volcano Job, our Secret, our ConfigMap."""
+        return list(render_volcano_manifests(plan, namespace, redact_secrets=redact_secrets))
+
+    def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
+        return render_volcano_owner_reference(plan, uid)
+
+    def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
+        """Without the pods Volcano's policy deleted once one pod ended by itself."""
+        return without_policy_kills(states, deleting)
+
+    def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
+        """Queued while the Job is Pending and none of its pods exists yet (Volcano creates them
+        only once the queue admits the whole job)."""
+        if pods:
+            return NOT_QUEUED
+        return QueueCheck(reason=describe_volcano_wait(top))
+
+    def extra_leftover_queries(self, job_name: str) -> list[tuple[str, str]]:
+        return [("pods", job_selector(job_name))]

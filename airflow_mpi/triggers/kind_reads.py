@@ -33,17 +33,17 @@ class KindReads:
     async def read(self, table: PodTable, api_client: Any, silence: ApiSilence, since: float) -> None:
         """Read what ``table`` (the pods as watched) leaves the kind to learn, if anything."""
         kind = self.kind
-        if kind.top is None:
-            return
         pods = list(table.pods.values())
         master_gone = (
-            kind.explains_master_deletion and not self._master_gone_read and table.was_deleted(self.master, Role.MASTER)
+            kind.reads_top_when_master_deleted()
+            and not self._master_gone_read
+            and table.was_deleted(self.master, Role.MASTER)
         )
         if not (kind.reads_top_to_queue(pods) or master_gone):
             return
         from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
-        group, version, plural, _ = kind.top
+        group, version, plural, _ = kind.top_resource  # a controller's: only its kinds read the top
         custom = CustomObjectsApi(api_client)
         give_up = time.monotonic() + CONDITION_WAIT
         while True:

@@ -423,7 +423,7 @@ class MPIJobTrigger(BaseTrigger):
         a kind with a controller: it creates the pods, some of them after the deferral (a batch
         Job's launcher pod comes a moment after the workers), so one not there yet is pending, and
         the startup bound and the deadline in ``decide`` bound that wait."""
-        if self.kind.top is not None:
+        if self.kind.controller_makes_pods():
             return None
         pods = list(table.pods.values())
         if self.gang and (not pods or self.kind.queue_check(self.gang, self.queue, pods, self.beyond_pods.top).reason):

@@ -83,7 +83,7 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeDouble]:
 
 def short_launcher_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ``deadl`` jobs' launcher Job gets a 2 s ``activeDeadlineSeconds``."""
-    import airflow_mpi.kinds.strategy as kinds
+    import airflow_mpi.kinds.mpijob as kinds
 
     original = kinds.render_mpijob_manifests
 

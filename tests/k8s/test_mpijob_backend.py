@@ -150,7 +150,7 @@ def test_a_suspended_mpijob_is_queued_until_resumed(
 ) -> None:
     """Kueue submits an MPIJob suspended and resumes it once admitted: until then no pod exists
     and the task says it waits for admission, whatever startup_timeout says."""
-    import airflow_mpi.kinds.strategy as module
+    import airflow_mpi.kinds.mpijob as module
 
     kube, _ = cluster
     scripts.on(LAUNCHER, hello())
@@ -209,7 +209,7 @@ def test_an_mpijob_the_controller_refuses_fails_with_its_event(
 ) -> None:
     """A spec the controller rejects gets only a ValidationError event: the task fails with it at
     once instead of waiting for pods that never come."""
-    import airflow_mpi.kinds.strategy as module
+    import airflow_mpi.kinds.mpijob as module
 
     original = module.render_mpijob_manifests
 
@@ -228,7 +228,7 @@ def test_an_mpijob_the_controller_refuses_fails_with_its_event(
 def test_no_controller_fails_after_the_grace_instead_of_waiting_forever(
     backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import airflow_mpi.kinds.strategy as module
+    import airflow_mpi.kinds.mpijob as module
 
     cluster[1].stop()
     monkeypatch.setattr(module, "CONTROLLER_GRACE", 1.0)
@@ -306,7 +306,7 @@ def test_the_launcher_jobs_deadline_ends_the_task_with_the_mpijobs_reason(
 ) -> None:
     """Past ``runPolicy.activeDeadlineSeconds`` the launcher Job deletes its pod: the task names
     the MPIJob's Failed reason, not just a deleted pod."""
-    import airflow_mpi.kinds.strategy as module
+    import airflow_mpi.kinds.mpijob as module
 
     original = module.render_mpijob_manifests
 
