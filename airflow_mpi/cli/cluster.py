@@ -139,7 +139,8 @@ def _backend_from_connection(conn_id: str, namespace: str | None, api_timeout: f
     if (extras.get("backend") or "local") not in CLUSTER_BACKENDS:
         raise BackendUnavailable(
             f"connection {conn_id!r} uses the {extras.get('backend') or 'local'} backend: the cluster commands need "
-            f"one whose extra 'backend' is one of {', '.join(CLUSTER_BACKENDS)}, or a Kubernetes connection"
+            f"one whose extra 'backend' is {', '.join(map(repr, CLUSTER_BACKENDS[:-1]))} or {CLUSTER_BACKENDS[-1]!r}, "
+            "or a Kubernetes connection"
         )
     return KubernetesBackend(
         kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",

@@ -154,11 +154,12 @@ class JobKind:
         """The master's name and every pod's role, for a job found by name alone (the cluster CLI):
         a generated master is its controller's newest pod, whatever name the watch sees."""
         roles = {name: pod_state_from_k8s(pod).role for name, pod in pods.items()}
-        if self.master_generated:
-            master = self.master_pod(job_name, [])
-            roles = {name: role for name, role in roles.items() if role is not Role.MASTER}
-        else:
-            master = next((n for n, r in roles.items() if r is Role.MASTER), build_pod_name(job_name, Role.MASTER, 0))
+        if not self.master_generated:  # a master not created yet is not waited for
+            return next(
+                (n for n, r in roles.items() if r is Role.MASTER), build_pod_name(job_name, Role.MASTER, 0)
+            ), roles
+        master = self.master_pod(job_name, [])
+        roles = {name: role for name, role in roles.items() if role is not Role.MASTER}
         roles[master] = Role.MASTER
         return master, roles
 

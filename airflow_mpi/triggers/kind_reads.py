@@ -33,6 +33,8 @@ class KindReads:
     async def read(self, table: PodTable, api_client: Any, silence: ApiSilence, since: float) -> None:
         """Read what ``table`` (the pods as watched) leaves the kind to learn, if anything."""
         kind = self.kind
+        if not kind.controller_makes_pods():  # our Service says nothing the pods do not
+            return
         pods = list(table.pods.values())
         master_gone = (
             kind.reads_top_when_master_deleted()

@@ -43,3 +43,20 @@ def test_a_generated_master_is_the_newest_pod_of_its_controller() -> None:
         "1",
     )
     assert job_kind("mpijob").master_pod_now(table, "j-launcher") == "j-launcher-b2"
+
+
+@pytest.mark.parametrize("kind", ["pods", "volcano"])
+def test_a_job_attached_by_name_waits_for_no_master_its_pods_do_not_show(kind: str) -> None:
+    # The cluster CLI and the sshd sensor attach while a plain-pods master is not created yet.
+    workers = {"j-worker-0": pod("j-worker-0", "worker")}
+    master, roles = job_kind(kind).attached_roles("j", workers)
+    assert (master, set(roles)) == ("j-master-0", {"j-worker-0"})
+    master, roles = job_kind(kind).attached_roles("j", {**workers, "j-master-0": pod("j-master-0", "master")})
+    assert (master, set(roles)) == ("j-master-0", {"j-worker-0", "j-master-0"})
+
+
+def test_a_generated_master_is_attached_by_its_launchers_name_whatever_pods_are_seen() -> None:
+    seen = {"j-launcher-a1": pod("j-launcher-a1", "master"), "j-worker-0": pod("j-worker-0", "worker")}
+    master, roles = job_kind("mpijob").attached_roles("j", seen)
+    assert master == "j-launcher"
+    assert {name: role.value for name, role in roles.items()} == {"j-worker-0": "worker", "j-launcher": "master"}
