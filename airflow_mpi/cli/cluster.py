@@ -61,8 +61,6 @@ CLUSTER_BACKENDS = tuple(KUBERNETES_KINDS)  # `run --backend` and an mpi connect
 def cluster_backend(args: argparse.Namespace, kind: str | None = None) -> tuple[KubernetesBackend, str]:
     """The backend (``kind``: kubernetes, volcano or mpijob; default: what ``--conn-id``'s
     connection names, else kubernetes) for the cluster the arguments name, and the namespace."""
-    if kind is None:
-        kind = connection_backend(args.conn_id) if args.conn_id else "kubernetes"
     if args.conn_id:
         if args.kubeconfig or args.context:
             raise BackendUnavailable("give either --conn-id or --kubeconfig/--context, not both")
@@ -70,7 +68,7 @@ def cluster_backend(args: argparse.Namespace, kind: str | None = None) -> tuple[
     else:
         backend = _backend_from_kubeconfig(args.kubeconfig, args.context, args.namespace, args.api_timeout)
     namespace = backend.namespace_for(MPIJobSpec(name="cli", command=("true",)))
-    if kind != backend.name:  # the connection's or kubeconfig's backend runs plain pods
+    if kind is not None and kind != backend.name:  # another kind than the connection's, on its cluster
         from airflow_mpi.backends.kubernetes import KubernetesBackend
 
         backend = KubernetesBackend(
@@ -145,6 +143,7 @@ def _backend_from_connection(conn_id: str, namespace: str | None, api_timeout: f
     return KubernetesBackend(
         kubernetes_conn_id=extras.get("kubernetes_conn_id") or "kubernetes_default",
         namespace=namespace or extras.get("namespace"),
+        kind=KUBERNETES_KINDS[extras.get("backend")],
         api_timeout=api_timeout,
     )
 

@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if name != "local":
         from airflow_mpi.cli.cluster import cluster_backend
 
-        backend, _ = cluster_backend(args, name)
+        backend, _ = cluster_backend(args, args.backend)  # None: the connection's own kind
     return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir, backend=backend)
 
 
