@@ -152,7 +152,7 @@ build_worker_hosts() { # slots -> "host:slots,..." from MPI_HOST, empty items dr
   printf '%s' "$out"
 }
 
-compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS
+compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS, SELF_HOSTS
   local master_host="${GJ_TRAINING_POD_NAME}.${GJ_TRAINING_VC_JOB_NAME}"
   local worker_hosts=""
   local master_cpu="${GJ_TRAINING_MASTER_CPU_LIMIT}" master_gpu="${GJ_TRAINING_MASTER_GPU_LIMIT}"
@@ -218,15 +218,22 @@ compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS
     MPI_NP="$AIRFLOW_MPI_NP"
   fi
 
-  # Hosts mpiexec will reach over ssh: every rank host but this pod.
+  # Hosts mpiexec will reach over ssh: every rank host but this pod. This pod's own names are
+  # kept apart: mpiexec must resolve them to know the host is itself.
   local item
   local -a items
   RANK_HOSTS=()
+  SELF_HOSTS=()
   IFS=',' read -r -a items <<<"$MPI_HOSTS"
   for item in "${items[@]}"; do
     item="${item%:*}"
+    [[ -n "$item" ]] || continue
     # This pod, also under a longer name (a controller's hostfile: <pod>.<job>.<ns>.svc).
-    [[ -z "$item" || "$item" == "$master_host" || "$item" == "$master_host".* ]] || RANK_HOSTS+=("$item")
+    if [[ "$item" == "$master_host" || "$item" == "$master_host".* ]]; then
+      SELF_HOSTS+=("$item")
+    else
+      RANK_HOSTS+=("$item")
+    fi
   done
 }
 
@@ -332,6 +339,24 @@ wait_for_hosts() { # host...: every host accepts an ssh login, or exit 1 with a 
   done
 }
 
+wait_for_own_names() { # name...: each resolves, or exit 1 naming it
+  # mpiexec tells its own host from a remote one by the name's address. A name the cluster DNS
+  # does not serve yet (a headless Service's record comes a moment after the pod is Ready) makes
+  # it ssh to itself and fail "Temporary failure in name resolution".
+  local timeout="${AIRFLOW_MPI_STARTUP_TIMEOUT:-300}" name
+  local deadline=$((SECONDS + timeout))
+  for name in "$@"; do
+    until getent hosts "$name" >/dev/null; do
+      if ((SECONDS >= deadline)); then
+        echo "[airflow-mpi] ERROR: this pod's own host name $name did not resolve within ${timeout}s;" \
+          "the job's headless Service or the cluster DNS is missing" >&2
+        exit 1
+      fi
+      sleep 0.2
+    done
+  done
+}
+
 # --- master ----------------------------------------------------------------------------------
 
 run_master() {
@@ -359,6 +384,7 @@ run_master() {
     log "waiting for sshd on ${#RANK_HOSTS[@]} host(s)"
     wait_for_hosts "${RANK_HOSTS[@]}"
   fi
+  wait_for_own_names "${SELF_HOSTS[@]}"
   log "starting mpiexec: ${MPI_NP} rank(s)" # every rank must report within a bounded time of this
   exec "${cmd[@]}"
 }

@@ -52,24 +52,33 @@ operator.execute({"ti": ti, "task_state_store": FileStore(sys.argv[4])})
 
 
 class FileStore:
-    """Stands for Airflow 3.3's task_state_store, in a file two processes (two tries) share."""
+    """Stands for Airflow 3.3's task_state_store, in a file two processes (two tries) share. A
+    write replaces the file whole (as the real store's row is written in one transaction), so the
+    other process never reads a half-written file."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
 
+    def _read(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def _write(self, data: dict[str, Any]) -> None:
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(data))
+        os.replace(partial, self.path)
+
     def get(self, key: str, default: Any = None) -> Any:
-        data = json.loads(self.path.read_text()) if self.path.exists() else {}
-        return data.get(key, default)
+        return self._read().get(key, default)
 
     def set(self, key: str, value: Any) -> None:
-        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        data = self._read()
         data[key] = value
-        self.path.write_text(json.dumps(data))
+        self._write(data)
 
     def delete(self, key: str) -> None:
-        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        data = self._read()
         data.pop(key, None)
-        self.path.write_text(json.dumps(data))
+        self._write(data)
 
 
 def check_dags() -> dict[str, Any]:
@@ -103,15 +112,17 @@ def check_reattach(run_id: str, store: str) -> dict[str, Any]:
             [sys.executable, "-c", FIRST_TRY, json.dumps(RETRY_JOB), run_id, here, store],
             stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        progress = (FileStore(store).get("airflow_mpi") or {}).get("lines", 0)
-        if progress >= 20 or child.poll() is not None:
-            break
-        time.sleep(0.05)
-    first_alive = child.poll() is None
-    os.kill(child.pid, signal.SIGKILL)  # a worker that dies runs no finally
-    child.wait()
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            progress = (FileStore(store).get("airflow_mpi") or {}).get("lines", 0)
+            if progress >= 20 or child.poll() is not None:
+                break
+            time.sleep(0.05)
+        first_alive = child.poll() is None
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # a worker that dies runs no finally
+        child.wait()
     first = [line.split("step ", 1)[1][:3] for line in out.read_text(errors="replace").splitlines() if "step " in line]
     lines: list[str] = []
     operator = MPIJobOperator(task_id="train", job=RETRY_JOB, mpi_conn_id=CONN_ID)

@@ -327,7 +327,7 @@ def _compute_hosts(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedP
     functions.write_text(launch_script_text())
     probe = (
         f'AIRFLOW_MPI_LAUNCH_LIBRARY=1; source "{functions}"; compute_hosts; '
-        'echo "default_hostfile=${OMPI_MCA_orte_default_hostfile-unset}"; echo "rank_hosts=${RANK_HOSTS[*]-}"'
+        'echo "default_hostfile=${OMPI_MCA_orte_default_hostfile-unset}"; echo "rank_hosts=${RANK_HOSTS[*]-}"; echo "self_hosts=${SELF_HOSTS[*]-}"'
     )
     return subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True, timeout=20, check=False)
 
@@ -348,3 +348,37 @@ def test_host_mode_drops_the_injected_default_hostfile_and_skips_the_launcher_it
     done = _compute_hosts(tmp_path, env)
     assert done.returncode == 0, done.stderr
     assert f"rank_hosts={job}-worker-0.{job}.ml.svc\n" in done.stdout
+    assert f"self_hosts={job}-launcher.{job}.ml.svc\n" in done.stdout
+
+
+def _wait_for_own_names(tmp_path: Path, resolves_after: int | None, timeout: int) -> subprocess.CompletedProcess[str]:
+    """wait_for_own_names with a ``getent`` that answers on its Nth call (never when None)."""
+    functions = tmp_path / "functions.sh"
+    functions.write_text(launch_script_text())
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    answer = "exit 2" if resolves_after is None else f'(( $(wc -l <"{calls}") >= {resolves_after} )) || exit 2'
+    (fake / "getent").write_text(f'#!/bin/bash\necho "$*" >>"{calls}"\n{answer}\necho "10.0.0.5 $2"\n')
+    (fake / "getent").chmod(0o755)
+    probe = (
+        f'AIRFLOW_MPI_LAUNCH_LIBRARY=1; source "{functions}"; wait_for_own_names job-launcher.job.ml.svc; echo waited'
+    )
+    env = {"PATH": f"{fake}:/usr/bin:/bin", contract.ENV_STARTUP_TIMEOUT: str(timeout)}
+    return subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True, timeout=20, check=False)
+
+
+def test_the_master_waits_until_its_own_name_resolves_before_mpiexec(tmp_path: Path) -> None:
+    """mpiexec takes a host name it cannot resolve for a remote host and ssh-es to itself; the
+    cluster DNS serves a headless Service's record a moment after the pod is Ready."""
+    done = _wait_for_own_names(tmp_path, resolves_after=3, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "waited"
+    assert (tmp_path / "calls").read_text().splitlines() == ["hosts job-launcher.job.ml.svc"] * 3
+
+
+def test_an_own_name_that_never_resolves_fails_naming_it_within_the_startup_timeout(tmp_path: Path) -> None:
+    done = _wait_for_own_names(tmp_path, resolves_after=None, timeout=1)
+    assert done.returncode == 1
+    assert "waited" not in done.stdout
+    assert "job-launcher.job.ml.svc did not resolve within 1s" in done.stderr
