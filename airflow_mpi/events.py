@@ -1,11 +1,16 @@
-"""What a deferred MPIJobOperator waits for and what the trigger hands back: the two waits, the
-event's statuses and its shape. The trigger fires these; the runner turns them into the result
-or the same error the synchronous flow raises.
+"""What a deferred MPIJobOperator waits for and what the trigger hands back.
+
+The trigger's event says what ended the wait in one tag, ``outcome``, and carries the fields of
+that outcome only: a discriminated union (``Outcome``), built by the functions below and read
+back with ``outcome_of``. The coarse ``status`` (ready, finished, failed, timeout, error) travels
+beside the tag. Events fired by earlier versions carry no tag but a set of flags; ``outcome_of``
+reads them too (a trigger that fired before an upgrade resumes a task after it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, Union, cast
 
 if TYPE_CHECKING:
     from airflow_mpi.exceptions import JobFailed
@@ -14,35 +19,119 @@ if TYPE_CHECKING:
 # The two waits. A wait that ends well fires an event whose status is the wait's own name.
 WAIT_FINISHED: Final = "finished"  # until the master ends (what the operator defers for)
 WAIT_READY: Final = "ready"  # until every worker is Ready (earlier versions deferred for it first)
-# How a wait ends badly.
-STATUS_FAILED: Final = "failed"  # a pod failed (the job's state machine says which)
-STATUS_TIMEOUT: Final = "timeout"  # the wait's deadline passed
+# How a wait ends badly, coarsely.
+STATUS_FAILED: Final = "failed"  # something failed (the outcome says what)
+STATUS_TIMEOUT: Final = "timeout"  # a bound passed (the outcome says which)
 STATUS_ERROR: Final = "error"  # the API refused the watch, or did not answer for the bound
 
+# What ended the wait: the event's tag.
+READY: Final = "ready"  # every worker Ready (a ``wait_for="ready"`` wait)
+FINISHED: Final = "finished"  # the master ended well
+POD_FAILED: Final = "pod_failed"  # a pod failed; the master's own failure is decided by its log
+RANK_FAILED: Final = "rank_failed"  # the master's output failed the world-size check
+HUNG: Final = "hung"  # no progress for ``progress_timeout``
+NEVER_STARTS: Final = "never_starts"  # the job's controller refused or failed it before its pods ran
+QUEUE_TIMEOUT: Final = "queue_timeout"  # queued past scheduling.queue_timeout
+STARTUP_TIMEOUT: Final = "startup_timeout"  # a worker not Ready within startup_timeout
+JOB_TIMEOUT: Final = "job_timeout"  # the job ran past its timeout
+API_REFUSED: Final = "api_refused"  # the API refused a request (401, 403, 404 ...)
+API_UNREACHABLE: Final = "api_unreachable"  # the API did not answer for api_timeout
 
-class _Status(TypedDict):
-    status: str  # WAIT_READY, WAIT_FINISHED, STATUS_FAILED, STATUS_TIMEOUT or STATUS_ERROR
 
-
-class Outcome(_Status, total=False):
-    """How the pods decided a wait: the status, and for a failure or timeout what and why."""
-
-    pod: str | None  # the failed pod (STATUS_FAILED)
-    exit_code: int | None  # its exit code, when it has one
-    reason: str  # the failure's cause, or why the wait timed out (one line per host not ready)
-    unreachable: bool  # STATUS_ERROR: the API did not answer (else it refused)
-    rank: int | None  # the rank the world-size check found missing (STATUS_FAILED with ``message``)
-    message: str  # STATUS_FAILED by the master's output (the world-size check): the whole error
+class _Shown(TypedDict, total=False):
     log_lines: int  # whole master lines the trigger's log follow read (shown, or shown before)
-    tail: list[str]  # the master's last lines the trigger read (for a message once its log is gone)
-    queued: bool  # STATUS_TIMEOUT: past scheduling.queue_timeout (``reason`` is the whole error)
-    starting: bool  # before every worker was Ready (STATUS_TIMEOUT: not within startup_timeout)
-    never_starts: bool  # STATUS_FAILED: the job's controller refused or failed it before its pods ran
-    hung: dict[str, Any]  # STATUS_FAILED by the hang watchdog: ``observe.progress.Hang.to_dict()``
+    tail: list[str]  # the master's last lines it read (for a message once the pod's log is gone)
 
 
-class JobEvent(Outcome):
-    """The trigger's event: the outcome plus what the resumed operator (a new object) needs."""
+class Ready(_Shown):
+    outcome: Literal["ready"]
+    status: Literal["ready"]
+
+
+class Finished(_Shown):
+    outcome: Literal["finished"]
+    status: Literal["finished"]
+
+
+class PodFailed(_Shown):
+    outcome: Literal["pod_failed"]
+    status: Literal["failed"]
+    pod: str | None
+    exit_code: int | None
+    reason: str
+    starting: bool  # before every worker was Ready
+
+
+class RankFailed(_Shown):
+    outcome: Literal["rank_failed"]
+    status: Literal["failed"]
+    pod: str | None
+    rank: int | None
+    exit_code: int | None
+    reason: str  # the error's first line
+    message: str  # the whole error
+
+
+class Hung(_Shown):
+    outcome: Literal["hung"]
+    status: Literal["failed"]
+    reason: str
+    hung: dict[str, Any]  # ``observe.progress.Hang.to_dict()``
+
+
+class NeverStarts(_Shown):
+    outcome: Literal["never_starts"]
+    status: Literal["failed"]
+    reason: str
+
+
+class QueueTimeout(_Shown):
+    outcome: Literal["queue_timeout"]
+    status: Literal["timeout"]
+    reason: str  # the whole error
+
+
+class StartupTimeout(_Shown):
+    outcome: Literal["startup_timeout"]
+    status: Literal["timeout"]
+    reason: str  # one line per worker not Ready
+
+
+class JobTimeout(_Shown):
+    outcome: Literal["job_timeout"]
+    status: Literal["timeout"]
+    reason: str
+
+
+class ApiRefused(_Shown):
+    outcome: Literal["api_refused"]
+    status: Literal["error"]
+    reason: str  # what to change
+
+
+class ApiUnreachable(_Shown):
+    outcome: Literal["api_unreachable"]
+    status: Literal["error"]
+    reason: str
+
+
+Outcome = Union[  # noqa: UP007 (a union of TypedDicts, read at run time on Python 3.10 too)
+    Ready,
+    Finished,
+    PodFailed,
+    RankFailed,
+    Hung,
+    NeverStarts,
+    QueueTimeout,
+    StartupTimeout,
+    JobTimeout,
+    ApiRefused,
+    ApiUnreachable,
+]
+
+
+class Envelope(TypedDict):
+    """What the resumed operator (a new object) needs beside the outcome."""
 
     job_name: str
     wait_for: str  # WAIT_READY or WAIT_FINISHED
@@ -51,9 +140,33 @@ class JobEvent(Outcome):
     marks: dict[str, float]  # phase -> epoch seconds so far (the result's timings)
 
 
-def rank_failure_outcome(failure: JobFailed, log_lines: int) -> Outcome:
+# The event as it travels: the envelope's and the outcome's fields in one flat mapping.
+JobEvent = Mapping[str, Any]
+
+
+def ready() -> Ready:
+    return {"outcome": READY, "status": WAIT_READY}
+
+
+def finished() -> Finished:
+    return {"outcome": FINISHED, "status": WAIT_FINISHED}
+
+
+def pod_failed(pod: str | None, exit_code: int | None, reason: str, *, starting: bool) -> PodFailed:
+    return {
+        "outcome": POD_FAILED,
+        "status": STATUS_FAILED,
+        "pod": pod,
+        "exit_code": exit_code,
+        "reason": reason,
+        "starting": starting,
+    }
+
+
+def rank_failed(failure: JobFailed, log_lines: int) -> RankFailed:
     """The master's output failed the world-size check: the whole error travels."""
     return {
+        "outcome": RANK_FAILED,
         "status": STATUS_FAILED,
         "pod": failure.pod,
         "rank": failure.rank,
@@ -64,13 +177,80 @@ def rank_failure_outcome(failure: JobFailed, log_lines: int) -> Outcome:
     }
 
 
-def hang_outcome(hang: Hang, log_lines: int) -> Outcome:
+def hung(hang: Hang, log_lines: int) -> Hung:
     """Silent past ``progress_timeout``: the resumed task takes the stacks, then ends the job."""
-    return {
-        "status": STATUS_FAILED,
-        "pod": None,
-        "exit_code": None,
-        "reason": hang.summary(),
-        "hung": hang.to_dict(),
-        "log_lines": log_lines,
-    }
+    summary = hang.summary()
+    return {"outcome": HUNG, "status": STATUS_FAILED, "reason": summary, "hung": hang.to_dict(), "log_lines": log_lines}
+
+
+def never_starts(reason: str) -> NeverStarts:
+    return {"outcome": NEVER_STARTS, "status": STATUS_FAILED, "reason": reason}
+
+
+def queue_timeout(reason: str) -> QueueTimeout:
+    return {"outcome": QUEUE_TIMEOUT, "status": STATUS_TIMEOUT, "reason": reason}
+
+
+def startup_timeout(reason: str) -> StartupTimeout:
+    return {"outcome": STARTUP_TIMEOUT, "status": STATUS_TIMEOUT, "reason": reason}
+
+
+def job_timeout(reason: str) -> JobTimeout:
+    return {"outcome": JOB_TIMEOUT, "status": STATUS_TIMEOUT, "reason": reason}
+
+
+def api_refused(reason: str) -> ApiRefused:
+    return {"outcome": API_REFUSED, "status": STATUS_ERROR, "reason": reason}
+
+
+def api_unreachable(reason: str) -> ApiUnreachable:
+    return {"outcome": API_UNREACHABLE, "status": STATUS_ERROR, "reason": reason}
+
+
+def fire(outcome: Outcome, envelope: Envelope) -> dict[str, Any]:
+    """The event's payload: flat, primitives only (Airflow stores it)."""
+    return {**outcome, **envelope}
+
+
+def outcome_of(event: JobEvent) -> Outcome:
+    """The outcome an event stands for, whichever version fired it."""
+    if event.get("outcome") in _KINDS:
+        return cast("Outcome", {key: value for key, value in event.items() if key not in _ENVELOPE_KEYS})
+    return _legacy(event)
+
+
+def _legacy(event: JobEvent) -> Outcome:
+    """An event of an earlier version: a status and flags, read in the order those versions did."""
+    status, reason = event.get("status"), str(event.get("reason", ""))
+    shown: _Shown = {key: event[key] for key in ("log_lines", "tail") if key in event}  # type: ignore[assignment]
+    built: Outcome
+    if status == WAIT_READY:
+        built = ready()
+    elif status == WAIT_FINISHED:
+        built = finished()
+    elif status == STATUS_ERROR:
+        built = api_unreachable(reason) if event.get("unreachable") else api_refused(reason)
+    elif status == STATUS_TIMEOUT and event.get("queued"):
+        built = queue_timeout(reason)
+    elif status == STATUS_TIMEOUT and (event.get("wait_for") == WAIT_READY or event.get("starting")):
+        built = startup_timeout(reason)
+    elif status == STATUS_TIMEOUT:
+        built = job_timeout(reason)
+    elif event.get("never_starts"):
+        built = never_starts(reason)
+    elif event.get("hung"):
+        built = {"outcome": HUNG, "status": STATUS_FAILED, "reason": reason, "hung": dict(event["hung"])}
+    elif event.get("message"):
+        built = {"outcome": RANK_FAILED, "status": STATUS_FAILED, "pod": event.get("pod"), "rank": event.get("rank"),
+                 "exit_code": event.get("exit_code"), "reason": reason, "message": str(event["message"])}  # fmt: skip
+    else:
+        starting = bool(event.get("starting")) or event.get("wait_for") == WAIT_READY
+        built = pod_failed(event.get("pod"), event.get("exit_code"), reason, starting=starting)
+    return cast("Outcome", {**built, **shown})
+
+
+_KINDS: Final = frozenset(
+    {READY, FINISHED, POD_FAILED, RANK_FAILED, HUNG, NEVER_STARTS, QUEUE_TIMEOUT, STARTUP_TIMEOUT, JOB_TIMEOUT,
+     API_REFUSED, API_UNREACHABLE}
+)  # fmt: skip
+_ENVELOPE_KEYS: Final = frozenset(Envelope.__annotations__)

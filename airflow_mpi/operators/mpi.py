@@ -27,7 +27,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend, ReattachableBackend
 from airflow_mpi.compat import AirflowFailException, TaskDeferred, conf
-from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent
+from airflow_mpi.events import READY, WAIT_FINISHED, WAIT_READY, JobEvent, outcome_of
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.job.naming import RunIdentity
@@ -232,7 +232,7 @@ class MPIJobOperator(BaseOperator):
         runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
         try:
             deferrable.adopt(plan, deferrable.namespace_for(spec))
-            if event["status"] == WAIT_READY:
+            if outcome_of(event)["outcome"] == READY:  # what earlier versions deferred for first
                 runner.marks["sshd_ready"] = float(event["at"])
                 runner.start_master()
                 self._defer(runner, WAIT_FINISHED)

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow_mpi import events
 from airflow_mpi.backends.base import Backend, QueueAwareBackend, StackBackend
-from airflow_mpi.events import STATUS_ERROR, STATUS_FAILED, STATUS_TIMEOUT, WAIT_READY, JobEvent
+from airflow_mpi.events import JobEvent, outcome_of
 from airflow_mpi.exceptions import (
     BackendRequestFailed,
     BackendUnreachable,
@@ -333,28 +334,29 @@ class JobRunner:
     def event_failure(self, event: JobEvent) -> MPIJobError | None:
         """The error a deferred wait's event stands for, as the synchronous flow raises it; None
         when the job goes on (workers ready) or the master's own end decides (``finish``)."""
-        status, wait_for = event["status"], event["wait_for"]
-        if status == STATUS_ERROR:
-            cause = BackendUnreachable if event.get("unreachable") else BackendRequestFailed
-            return cause(event.get("reason", ""))
-        if status == STATUS_TIMEOUT and event.get("queued"):
-            return JobTimeout(event.get("reason", ""))
-        if status == STATUS_FAILED and event.get("never_starts"):
-            return LaunchError(event.get("reason", ""))
-        if status == STATUS_TIMEOUT and (wait_for == WAIT_READY or event.get("starting")):
+        outcome = outcome_of(event)
+        if outcome["outcome"] == events.API_UNREACHABLE:
+            return BackendUnreachable(outcome["reason"])
+        if outcome["outcome"] == events.API_REFUSED:
+            return BackendRequestFailed(outcome["reason"])
+        if outcome["outcome"] == events.QUEUE_TIMEOUT:
+            return JobTimeout(outcome["reason"])
+        if outcome["outcome"] == events.NEVER_STARTS:
+            return LaunchError(outcome["reason"])
+        if outcome["outcome"] == events.STARTUP_TIMEOUT:
             workers = [worker.name for worker in self.plan.workers]
-            return build_not_ready_error(self.backend, self.job_name, event.get("reason", ""), workers, [])
-        if status == STATUS_TIMEOUT:
+            return build_not_ready_error(self.backend, self.job_name, outcome["reason"], workers, [])
+        if outcome["outcome"] == events.JOB_TIMEOUT:
             return self.timeout_failure(self.backend.pod_log_tail(self.job_name, self.plan.master.name, TAIL_LINES))
-        if status == STATUS_FAILED and event.get("hung"):  # the trigger's hang watchdog
-            return self.hang_failure(Hang.from_dict(event["hung"]))
-        if status == STATUS_FAILED and event.get("message"):  # the trigger's world-size check
-            return JobFailed(event["message"], pod=event.get("pod"), rank=event.get("rank"))
-        if status == STATUS_FAILED and event.get("pod") != self.plan.master.name:
-            failed = JobStatus(JobPhase.FAILED, event.get("pod"), event.get("exit_code"), event.get("reason", ""))
-            when = "before sshd was ready" if wait_for == WAIT_READY or event.get("starting") else "while training"
+        if outcome["outcome"] == events.HUNG:  # the trigger's hang watchdog
+            return self.hang_failure(Hang.from_dict(outcome["hung"]))
+        if outcome["outcome"] == events.RANK_FAILED:  # the trigger's world-size check
+            return JobFailed(outcome["message"], pod=outcome["pod"], rank=outcome["rank"])
+        if outcome["outcome"] == events.POD_FAILED and outcome["pod"] != self.plan.master.name:
+            failed = JobStatus(JobPhase.FAILED, outcome["pod"], outcome["exit_code"], outcome["reason"])
+            when = "before sshd was ready" if outcome["starting"] else "while training"
             return worker_failure(self.backend, self.job_name, failed, when)
-        return None
+        return None  # ready, finished, or the master failed: its log says how
 
     def _failure(self, status: JobStatus) -> JobFailed:
         """Why the job did not succeed, once the master ended: a worker, the timeout, the rank

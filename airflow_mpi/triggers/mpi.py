@@ -8,7 +8,7 @@ deferred with: it still resumes.)
 
 One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
 the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
-events are ``events.JobEvent``. ``serialize()`` returns primitives only. A user kill
+events are ``events.Outcome`` values with an envelope. ``serialize()`` returns primitives only. A user kill
 (``on_kill``) deletes the job.
 
 The wait always ends: at the deadline whatever the API does (every request runs under it), at
@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_mpi import events
 from airflow_mpi.backends.k8s_errors import (
     API_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -36,17 +37,7 @@ from airflow_mpi.backends.k8s_errors import (
     explain,
     is_refusal,
 )
-from airflow_mpi.events import (
-    STATUS_ERROR,
-    STATUS_FAILED,
-    STATUS_TIMEOUT,
-    WAIT_FINISHED,
-    WAIT_READY,
-    JobEvent,
-    Outcome,
-    hang_outcome,
-    rank_failure_outcome,
-)
+from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.strategy import job_kind
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
@@ -67,7 +58,7 @@ STOP_MARK_TIMEOUT = 5.0  # seconds a cancelled trigger may take to mark the line
 
 
 class MPIJobTrigger(BaseTrigger):
-    """Fires once, a ``JobEvent``: status ``ready``, ``finished``, ``failed``, ``timeout`` or ``error``."""
+    """Fires once, an event whose ``outcome`` says what ended the wait (``events.Outcome``)."""
 
     def __init__(
         self,
@@ -179,18 +170,16 @@ class MPIJobTrigger(BaseTrigger):
         seen = self.beyond_pods
         check = self.kind.queue_check(self.gang, self.queue, list(table.pods.values()), seen.top)
         if check.failure is not None:
-            reason = f"{self.kind.top_label} {self.job_name}: {check.failure}"
-            return {"status": STATUS_FAILED, "never_starts": True, "pod": None, "reason": reason}
+            return events.never_starts(f"{self.kind.top_label} {self.job_name}: {check.failure}")
         if check.reason is not None and seen.refusal is not None:
-            return {"status": STATUS_FAILED, "never_starts": True, "pod": None, "reason": seen.refusal}
+            return events.never_starts(seen.refusal)
         self.queue_clock.observe(check.reason, now)
         if check.reason is not None:
             note = self.queue_clock.note(self.job_name, check.reason, now)
             if note is not None:
                 self.log.info("%s", note)
             if self.queue_clock.expired(now):
-                reason = self.queue_clock.timeout_message(self.job_name, check.reason, now)
-                return {"status": STATUS_TIMEOUT, "queued": True, "reason": reason}
+                return events.queue_timeout(self.queue_clock.timeout_message(self.job_name, check.reason, now))
             self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
             if self.startup_deadline is not None and self.startup_timeout:
                 self.startup_deadline = max(self.startup_deadline, now + self.startup_timeout)
@@ -205,25 +194,20 @@ class MPIJobTrigger(BaseTrigger):
             self._master_ended.set()  # the log follow may stop at the end of its stream
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
-            return {
-                "status": STATUS_FAILED,
-                "pod": status.failed_pod,
-                "exit_code": status.exit_code,
-                "reason": status.reason,
-                "starting": self.startup_deadline is not None,  # before every worker was Ready
-            }
+            starting = self.startup_deadline is not None or self.wait_for == WAIT_READY  # before every worker was Ready
+            return events.pod_failed(status.failed_pod, status.exit_code, status.reason, starting=starting)
         if self.wait_for == WAIT_READY and status.phase is JobPhase.READY:
-            return {"status": WAIT_READY}
-        starting = self._still_starting(states, now)
-        if starting is not None:
-            return starting
+            return events.ready()
+        not_started = self._still_starting(states, now)
+        if not_started is not None:
+            return not_started
         if self.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
-            return {"status": WAIT_FINISHED}
+            return events.finished()
         if time.time() >= self.deadline:
             if self.wait_for == WAIT_READY:
                 probes = probes_from_states(self.job_name, states, self.roles)
-                return {"status": STATUS_TIMEOUT, "reason": summarize_not_ready(probes, self.timeout, self.ssh_port)}
-            return {"status": STATUS_TIMEOUT, "reason": f"the job ran past its timeout of {self.timeout:.0f}s"}
+                return events.startup_timeout(summarize_not_ready(probes, self.timeout, self.ssh_port))
+            return events.job_timeout(f"the job ran past its timeout of {self.timeout:.0f}s")
         return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -234,7 +218,7 @@ class MPIJobTrigger(BaseTrigger):
             if self.master_log is not None and self.wait_for == WAIT_FINISHED:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
-                    if self._records is not None and outcome.get("unreachable"):
+                    if self._records is not None and outcome["outcome"] == events.API_UNREACHABLE:
                         self._records.write_now()  # no mark to wait for: the API does not answer
                     elif self._records is not None:  # the resumed task counts them shown: in the log first
                         await self._records.written(DRAIN_TIMEOUT)
@@ -278,21 +262,23 @@ class MPIJobTrigger(BaseTrigger):
             if following in done:
                 following.result()
                 if follower.refused is not None:
-                    return {"status": STATUS_ERROR, "reason": follower.refused}
+                    return events.api_refused(follower.refused)
                 if follower.failure is not None:
-                    return rank_failure_outcome(follower.failure, output.lines_read)
+                    return events.rank_failed(follower.failure, output.lines_read)
                 if follower.hang is not None:
-                    return hang_outcome(follower.hang, output.lines_read)
+                    return events.hung(follower.hang, output.lines_read)
                 outcome = await watching  # the log ended with the master: the watch says how
             else:
                 outcome = watching.result()
-                if self._master_ended.is_set() and outcome["status"] in (WAIT_FINISHED, STATUS_FAILED):
+                if self._master_ended.is_set() and outcome["outcome"] in (events.FINISHED, events.POD_FAILED):
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(DRAIN_TIMEOUT):
                             await asyncio.shield(following)
                     if follower.failure is not None:
-                        return rank_failure_outcome(follower.failure, output.lines_read)
-            return {**outcome, "log_lines": output.lines_read, "tail": last_lines(output.output.tail)}
+                        return events.rank_failed(follower.failure, output.lines_read)
+            outcome["log_lines"] = output.lines_read
+            outcome["tail"] = last_lines(output.output.tail)
+            return outcome
         finally:
             for task in (following, watching):
                 task.cancel()
@@ -367,7 +353,7 @@ class MPIJobTrigger(BaseTrigger):
 
         while True:
             if silence.exceeded(since):
-                return {"status": STATUS_ERROR, "unreachable": True, "reason": str(silence.error(since))}
+                return events.api_unreachable(str(silence.error(since)))
             outcome = self.decide(loop.table)  # the deadline fires here, whatever the API did
             if outcome is not None:
                 return outcome
@@ -383,7 +369,7 @@ class MPIJobTrigger(BaseTrigger):
                 silence.failed(error)
                 if is_refusal(error):
                     request = ApiRequest(verb, "pods", self.namespace)
-                    return {"status": STATUS_ERROR, "reason": explain(error, request, silence.api_url)}
+                    return events.api_refused(explain(error, request, silence.api_url))
                 self.log.warning("watching job %s: %s; retrying", self.job_name, error)
                 delay = loop.failed(gone=api_status(error) == GONE)
                 await asyncio.sleep(min(delay, max(0.05, silence.left(since)), max(0.05, self._wake() - time.time())))
@@ -402,8 +388,7 @@ class MPIJobTrigger(BaseTrigger):
             return None
         if now < self.startup_deadline:
             return None
-        reason = summarize_not_ready(probes, float(self.startup_timeout or 0), self.ssh_port)
-        return {"status": STATUS_TIMEOUT, "starting": True, "reason": reason}
+        return events.startup_timeout(summarize_not_ready(probes, float(self.startup_timeout or 0), self.ssh_port))
 
     def _master_pod_now(self) -> str | None:
         return self.kind.master_pod_now(self._watch_loop.table, self.master_pod)
@@ -430,27 +415,23 @@ class MPIJobTrigger(BaseTrigger):
             return None  # a queued job's pods may not exist yet: ``decide`` bounds that wait
         missing = [name for name in self.roles if name not in table.pods]
         if missing and len(missing) == len(self.roles):
-            return {
-                "status": STATUS_ERROR,
-                "reason": (
-                    f"no pod of MPI job {self.job_name} is left in namespace {self.namespace}: the job was deleted, "
-                    "or its namespace was (a namespace that does not exist lists no pods)"
-                ),
-            }
+            return events.api_refused(
+                f"no pod of MPI job {self.job_name} is left in namespace {self.namespace}: the job was deleted, "
+                "or its namespace was (a namespace that does not exist lists no pods)"
+            )
         table.deleted.update(missing)
         return None
 
     def _fire(self, outcome: Outcome) -> TriggerEvent:
         self._fired = True
-        payload: JobEvent = {
-            **outcome,
+        envelope: Envelope = {
             "job_name": self.job_name,
             "wait_for": self.wait_for,
             "at": time.time(),
             "try_number": self.try_number,
             "marks": dict(self.marks),
         }
-        return TriggerEvent(payload)  # type: ignore[no-untyped-call]
+        return TriggerEvent(events.fire(outcome, envelope))  # type: ignore[no-untyped-call]
 
     async def on_kill(self) -> None:
         """The user killed the task while it was deferred: delete the job (Airflow 3.3+)."""

@@ -225,7 +225,7 @@ def test_trigger_deadline_fires_while_the_api_hangs(double: KubeDouble, created:
 def test_trigger_gives_up_on_an_api_that_answers_only_errors(double: KubeDouble, created: Any) -> None:
     double.fail_requests(method="GET", status=503, count=10_000)
     payload, seconds = fire(trigger_for(created))
-    assert payload["status"] == "error" and payload["unreachable"] is True and 3 <= seconds <= 3 + SLACK
+    assert payload["outcome"] == "api_unreachable" and 3 <= seconds <= 3 + SLACK
     assert payload["reason"].startswith(f"the Kubernetes API at {double.url} answered only errors for 3 s (last: 503")
 
 

@@ -344,7 +344,7 @@ def test_api_down_while_deferred(outage: str, double: KubeDouble, fault_row: Fau
         outage_then_back(double, lambda: start(double), lambda: end(double))()
 
     task = run_task("deferrable", on_deferred=down)
-    assert [e["status"] for e in task.events] == ["error"] and task.events[0]["unreachable"] is True
+    assert [e["outcome"] for e in task.events] == ["api_unreachable"]
     assert API_TIMEOUT - 0.5 <= task.seconds <= API_TIMEOUT + SLACK  # the trigger's own bound
     assert task.state == "failed" and isinstance(task.error, BackendUnreachable)
     assert task.message.startswith(f"the Kubernetes API at {double.url} did not answer for ")

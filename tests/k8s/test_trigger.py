@@ -126,7 +126,7 @@ def test_waiting_for_the_end_bounds_the_workers_start() -> None:
     assert waiting.decide(one_ready) is None  # within startup_timeout: the master's script waits too
     waiting.startup_deadline = time.time() - 1
     late = waiting.decide(one_ready)
-    assert late is not None and late["status"] == "timeout" and late.get("starting") is True
+    assert late is not None and late["outcome"] == "startup_timeout"
     assert late["reason"].splitlines() == [
         "1 of 2 worker host(s) did not accept ssh within 60s:",
         "  job-1-worker-1.job-1: pod not ready: the pod is not running yet [pod not running yet]",

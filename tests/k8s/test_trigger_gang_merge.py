@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from airflow_mpi.events import STATUS_ERROR, STATUS_TIMEOUT
+from airflow_mpi.events import QUEUE_TIMEOUT, STATUS_ERROR
 from tests.k8s.test_gang import _waiting_pod
 from tests.k8s.test_trigger import pod, table, trigger
 
@@ -30,8 +30,8 @@ def test_the_watch_wakes_when_the_allowed_queue_wait_ends_if_that_comes_first() 
     assert unbounded.decide(table(*QUEUED)) is None
     assert unbounded._wake() >= now + 30  # the deadline moves on while queued
     late = trigger(gang=True, deadline=now + 30, queue_timeout=5, created_at=now - 6)
-    outcome = late.decide(table(*QUEUED)) or {}
-    assert (outcome.get("status"), outcome.get("queued")) == (STATUS_TIMEOUT, True)
+    outcome = late.decide(table(*QUEUED))
+    assert outcome is not None and outcome["outcome"] == QUEUE_TIMEOUT
     assert outcome["reason"].startswith("MPI job job-1 waited 6s for admission, past scheduling.queue_timeout (5s)")
 
 
