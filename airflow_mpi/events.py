@@ -1,5 +1,8 @@
 """What a deferred MPIJobOperator waits for and what the trigger hands back.
 
+The wait is one value, ``WaitContract``: the runner builds it, the trigger takes it whole and
+serializes it as it came (primitives only: Airflow stores it).
+
 The trigger's event says what ended the wait in one tag, ``outcome``, and carries the fields of
 that outcome only: a discriminated union (``Outcome``), built by the functions below and read
 back with ``outcome_of``. The coarse ``status`` (ready, finished, failed, timeout, error) travels
@@ -9,7 +12,9 @@ reads them too (a trigger that fired before an upgrade resumes a task after it).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, Union, cast
 
 if TYPE_CHECKING:
@@ -36,6 +41,55 @@ STARTUP_TIMEOUT: Final = "startup_timeout"  # a worker not Ready within startup_
 JOB_TIMEOUT: Final = "job_timeout"  # the job ran past its timeout
 API_REFUSED: Final = "api_refused"  # the API refused a request (401, 403, 404 ...)
 API_UNREACHABLE: Final = "api_unreachable"  # the API did not answer for api_timeout
+
+
+@dataclass(frozen=True)
+class WaitContract:
+    """Everything a trigger needs to watch a job the operator created, and to hand back."""
+
+    job_name: str
+    namespace: str
+    kubernetes_conn_id: str
+    wait_for: str  # WAIT_FINISHED (what the operator defers for) or WAIT_READY (earlier versions)
+    deadline: float  # epoch seconds
+    timeout: float  # what the deadline stands for, for the message
+    master_pod: str
+    worker_pods: tuple[str, ...]
+    api_timeout: float  # seconds the API may go without answering
+    kind: str = "pods"  # the job kind's name (``kinds``): how its pods and top object are read
+    ssh_port: int = 22
+    try_number: int = 1  # the try that created the job (its name hashes it)
+    marks: Mapping[str, float] = field(default_factory=dict)  # phase -> epoch seconds so far
+    gang: bool = False  # the job has a gang setting (it may wait for admission)
+    queue: str | None = None  # the queue it names
+    queue_timeout: float | None = None  # bounds the whole wait for admission
+    created_at: float | None = None  # epoch seconds: a job queued from the start waits from then
+    custom_objects: tuple[tuple[str, str, str], ...] = ()  # (group, version, plural) deleted on a kill
+    master_log: Mapping[str, Any] | None = None  # ``OutputPlan.to_dict()``: the log followed live
+    skip_lines: int = 0  # whole lines of the master's log the task's log already holds
+    startup_timeout: float | None = None  # every worker Ready within it (the master started with them)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["worker_pods"] = list(self.worker_pods)
+        data["custom_objects"] = [list(kind) for kind in self.custom_objects]
+        data["marks"] = dict(self.marks)
+        data["master_log"] = dict(self.master_log) if self.master_log is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WaitContract:
+        """From ``to_dict()``, or from the keyword arguments earlier versions' triggers were
+        stored with (the same names); unknown keys are refused by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TypeError(f"unknown wait contract field(s): {', '.join(unknown)}")
+        values = dict(data)
+        values["worker_pods"] = tuple(values.get("worker_pods") or ())
+        values["custom_objects"] = tuple(tuple(kind) for kind in values.get("custom_objects") or ())
+        values["marks"] = dict(values.get("marks") or {})
+        return cls(**values)
 
 
 class _Shown(TypedDict, total=False):

@@ -43,7 +43,7 @@ from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.manifests import render_manifests
 from airflow_mpi.kinds.permissions import missing_permissions, render_missing
 from airflow_mpi.kinds.registry import BACKEND_OF_KIND
-from airflow_mpi.kinds.strategy import JobKind, job_kind
+from airflow_mpi.kinds.strategy import CONDITION_WAIT, JobKind, job_kind
 from airflow_mpi.observe.readiness import HostProbe, probes_from_states
 from airflow_mpi.observe.stacks import stacks_command
 from airflow_mpi.observe.status import PodPhase, PodState
@@ -51,7 +51,6 @@ from airflow_mpi.spec import MPIJobSpec, Role
 
 _log = logging.getLogger(__name__)
 LOG_READ_TIMEOUT = 60.0  # a quiet stream is reopened (from the cursor) after this
-CONDITION_WAIT = 2.0  # for the top object to say why the master pod is gone, once it is
 
 Obj = dict[str, Any]
 
@@ -237,15 +236,15 @@ class KubernetesBackend:
         if kind.reads_top_to_queue(pods):
             top = self.tops.get(job.namespace, job_name)
         gang = scheduling is not None and scheduling.gang is not None
-        check = kind.queue_check(gang, scheduling.queue if scheduling else None, pods, top)
-        if check.failure is not None:
-            raise LaunchError(f"{kind.top_label} {job_name}: {check.failure}")
-        if check.reason is not None and kind.reads_events_to_queue(top):
+
+        def refusal() -> str | None:
             events = self.objects.events(job.namespace, kind.events_selector(job_name))
-            refused = kind.refusal(job_name, events, time.monotonic() - job.created_at)
-            if refused is not None:
-                raise LaunchError(refused)
-        return check.reason
+            return kind.refusal(job_name, events, time.monotonic() - job.created_at)
+
+        admission = kind.admission(job_name, gang, scheduling.queue if scheduling else None, pods, top, refusal)
+        if admission.never_starts is not None:
+            raise LaunchError(admission.never_starts)
+        return admission.queued
 
     def pod_states(self, job_name: str) -> list[PodState]:
         """From the watch, read as the kind reads them; raises what ended the watch (a refusal,
@@ -257,12 +256,10 @@ class KubernetesBackend:
             states = job.watcher.table.states(job.roles)
             deleting = {n for n, pod in job.watcher.table.pods.items() if pod["metadata"].get("deletionTimestamp")}
         master = next((state for state in states if state.name == job.master), None)
+        gone = None
         if master is not None and master.reason == "Deleted" and self.kind.reads_top_when_master_deleted():
-            failure = self._master_gone_failure(job)
-            if failure is not None:
-                states = [s for s in states if s is not master]
-                states.append(PodState(job.master, Role.MASTER, PodPhase.FAILED, reason=failure))
-        return self.kind.observe(states, deleting)
+            gone = self._master_gone_failure(job)
+        return self.kind.deciding_states(job.master, states, deleting, gone)
 
     def _master_gone_failure(self, job: WatchedJob) -> str | None:
         """Why the master pod was deleted, from the top object (e.g. an MPIJob's ``Failed``

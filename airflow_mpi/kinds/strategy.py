@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,7 +26,7 @@ from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_g
 from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, config_map_name, render_owner_reference
 from airflow_mpi.kinds.permissions import WATCHDOG_RULES, Permission, build_job_rules, build_permissions
 from airflow_mpi.kinds.registry import KIND_ENTRIES, KIND_OF_BACKEND
-from airflow_mpi.observe.status import PodState, PodTable, pod_state_from_k8s
+from airflow_mpi.observe.status import PodPhase, PodState, PodTable, pod_state_from_k8s
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
 
 Obj = dict[str, Any]
@@ -45,6 +45,19 @@ class QueueCheck:
 
 
 NOT_QUEUED = QueueCheck()
+# How long a top object may take to say why the master pod is gone (its controller writes that
+# a moment after the pod goes): the waiting backend and the trigger each wait this long, once.
+CONDITION_WAIT = 2.0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What a job's pods and top object say before it runs: ``queued`` (why it waits for
+    admission), ``never_starts`` (the whole error: its controller refused or failed it), or
+    neither (admitted, or never queued: the pods' states decide)."""
+
+    queued: str | None = None
+    never_starts: str | None = None
 
 
 class JobKind:
@@ -129,6 +142,32 @@ class JobKind:
         """Whether a job's object (our Secret, a pod) belongs to a job of this kind, by its owner."""
         refs = obj.get("metadata", {}).get("ownerReferences") or []
         return any((ref.get("apiVersion"), ref.get("kind")) == self.top_owner for ref in refs)
+
+    # --- the decisions both ways of waiting make --------------------------------------------
+
+    def admission(
+        self, job_name: str, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None,
+        refusal: Callable[[], str | None],
+    ) -> Admission:  # fmt: skip
+        """Whether the job waits for admission, or never starts. ``refusal`` reads what the
+        controller's events say (asked only while queued, where the kind reads them)."""
+        check = self.queue_check(gang, queue, pods, top)
+        if check.failure is not None:
+            return Admission(never_starts=f"{self.top_label} {job_name}: {check.failure}")
+        if check.reason is None:
+            return Admission()
+        refused = refusal() if self.reads_events_to_queue(top) else None
+        return Admission(never_starts=refused) if refused is not None else Admission(queued=check.reason)
+
+    def deciding_states(
+        self, master: str, states: list[PodState], deleting: set[str], master_gone_failure: str | None
+    ) -> list[PodState]:
+        """The pods' states that decide the job (``observe.status.evaluate_job``): a master pod
+        deleted for a reason its top object gives fails with that reason; then ``observe``."""
+        if master_gone_failure is not None:
+            states = [state for state in states if state.name != master]
+            states.append(PodState(master, Role.MASTER, PodPhase.FAILED, reason=master_gone_failure))
+        return self.observe(states, deleting)
 
     # --- pod states -----------------------------------------------------------------------
 

@@ -27,14 +27,14 @@ from airflow.sdk import BaseOperator
 
 from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend, ReattachableBackend
 from airflow_mpi.compat import AirflowFailException, TaskDeferred, conf
-from airflow_mpi.events import READY, WAIT_FINISHED, WAIT_READY, JobEvent, outcome_of
+from airflow_mpi.events import READY, WAIT_FINISHED, JobEvent, outcome_of
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan
-from airflow_mpi.observe.master_output import OutputPlan
 from airflow_mpi.operators.links import MPIJobLink, store_job_link
 from airflow_mpi.operators.xcomkeys import JOB_REF
+from airflow_mpi.runner.deferral import wait_contract
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.runner.retries import plan_for, resume_or_clean
 from airflow_mpi.spec import MPIJobSpec
@@ -171,39 +171,13 @@ class MPIJobOperator(BaseOperator):
     def _defer(self, runner: JobRunner, wait_for: str) -> NoReturn:
         from airflow_mpi.triggers.mpi import MPIJobTrigger
 
-        plan, backend = runner.plan, self._deferrable(runner.backend)
-        spec = plan.spec
-        timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
-        custom = backend.custom_objects_to_delete(plan) if isinstance(backend, QueueAwareBackend) else []
-        backend.release(plan.job_name)  # the trigger watches from here on
+        backend = self._deferrable(runner.backend)
+        contract = wait_contract(runner, backend, wait_for, time.time())
+        backend.release(contract.job_name)  # the trigger watches from here on
         self.defer(
-            trigger=MPIJobTrigger(
-                job_name=plan.job_name,
-                namespace=backend.namespace_for(spec),
-                kubernetes_conn_id=backend.kubernetes_conn_id,
-                wait_for=wait_for,
-                deadline=time.time() + timeout,
-                worker_pods=[w.name for w in plan.workers],
-                master_pod=plan.master.name,
-                timeout=timeout,
-                ssh_port=spec.ssh_port,
-                api_timeout=backend.api_timeout,
-                try_number=plan.identity.try_number,
-                marks=runner.marks,
-                kind=backend.kind.name,
-                gang=spec.scheduling.gang is not None,
-                queue=spec.scheduling.queue,
-                queue_timeout=spec.scheduling.queue_timeout,
-                created_at=runner.marks.get("created"),
-                custom_objects=[list(kind) for kind in custom],
-                # Waiting for the end, the trigger shows the master's lines live; it goes on after
-                # those this try's log holds (a reattached retry's earlier try showed them).
-                master_log=OutputPlan.from_plan(plan).to_dict() if wait_for == WAIT_FINISHED else None,
-                skip_lines=runner.master_output.skip_lines,
-                startup_timeout=spec.startup_timeout if wait_for == WAIT_FINISHED and plan.workers else None,
-            ),
+            trigger=MPIJobTrigger(contract.to_dict()),
             method_name="execute_complete",
-            timeout=timedelta(seconds=timeout + 300),
+            timeout=timedelta(seconds=contract.timeout + 300),
         )
 
     def execute_complete(self, context: Context, event: JobEvent) -> dict[str, Any]:

@@ -12,11 +12,9 @@ import time
 from typing import Any
 
 from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiSilence, api_status
-from airflow_mpi.kinds.strategy import JobKind
+from airflow_mpi.kinds.strategy import CONDITION_WAIT, JobKind
 from airflow_mpi.observe.status import PodTable
 from airflow_mpi.spec import Role
-
-CONDITION_WAIT = 2.0  # for the top object to say why the master pod is gone, once it is
 
 
 class KindReads:

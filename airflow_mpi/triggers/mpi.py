@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -37,14 +37,14 @@ from airflow_mpi.backends.k8s_errors import (
     explain,
     is_refusal,
 )
-from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome
+from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome, WaitContract
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.strategy import job_kind
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
 from airflow_mpi.observe.output import TAIL_LINES
 from airflow_mpi.observe.queueing import QueueClock
 from airflow_mpi.observe.readiness import probes_from_states, summarize_not_ready
-from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, PodTable, WatchLoop, evaluate_job
+from airflow_mpi.observe.status import JobPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.spec import Role
 from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client, watch_events
 from airflow_mpi.triggers.kind_reads import KindReads
@@ -60,101 +60,46 @@ STOP_MARK_TIMEOUT = 5.0  # seconds a cancelled trigger may take to mark the line
 class MPIJobTrigger(BaseTrigger):
     """Fires once, an event whose ``outcome`` says what ended the wait (``events.Outcome``)."""
 
-    def __init__(
-        self,
-        *,
-        job_name: str,
-        namespace: str,
-        kubernetes_conn_id: str,
-        wait_for: str,
-        deadline: float,
-        worker_pods: list[str],
-        master_pod: str,
-        timeout: float,
-        ssh_port: int = 22,
-        api_timeout: float = API_TIMEOUT,
-        try_number: int = 1,
-        marks: dict[str, float] | None = None,
-        kind: str = "pods",
-        gang: bool = False,
-        queue: str | None = None,
-        queue_timeout: float | None = None,
-        created_at: float | None = None,
-        custom_objects: list[list[str]] | None = None,
-        master_log: dict[str, Any] | None = None,
-        skip_lines: int = 0,
-        startup_timeout: float | None = None,
-    ) -> None:
+    def __init__(self, contract: Mapping[str, Any] | None = None, **stored: Any) -> None:
+        """``contract``: a ``WaitContract.to_dict()``, what the operator defers with. A trigger
+        stored by an earlier version comes back with the same fields as keyword arguments."""
         super().__init__()  # type: ignore[no-untyped-call]
-        self.job_name = job_name
-        self.namespace = namespace
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.wait_for = wait_for
-        self.deadline = deadline  # epoch seconds
-        self.worker_pods = list(worker_pods)
-        self.master_pod = master_pod
-        self.timeout = timeout  # what the deadline stands for, for the message
-        self.ssh_port = ssh_port
-        self.api_timeout = api_timeout  # seconds the API may go without answering
-        # Handed back in the event: the operator resumes as a new object that knows nothing.
-        self.try_number = try_number
-        self.marks = dict(marks or {})
+        wait = WaitContract.from_dict(contract if contract is not None else {"api_timeout": API_TIMEOUT, **stored})
+        self.contract = wait
+        self.job_name = wait.job_name
+        self.namespace = wait.namespace
+        self.wait_for = wait.wait_for
+        self.deadline = wait.deadline  # epoch seconds; moves on while the job is queued
+        self.worker_pods = list(wait.worker_pods)
+        self.master_pod = wait.master_pod
+        self.timeout = wait.timeout  # what the deadline stands for, for the message
+        self.ssh_port = wait.ssh_port
+        self.api_timeout = wait.api_timeout  # seconds the API may go without answering
         # The job kind (``kinds``): the same functions read its pods as the waiting backend's.
-        self.kind_name = kind
-        self.kind = job_kind(kind)
+        self.kind = job_kind(wait.kind)
         # A job may wait for admission (a gang, a queue): the deadline moves on while it does,
         # and scheduling.queue_timeout bounds the total wait (``queueing``: the one rule).
-        self.gang = gang  # the job has a gang setting
-        self.queue = queue  # the queue it names
-        self.queue_timeout = queue_timeout
-        self.created_at = created_at  # epoch seconds: a job queued from the start waits from then
-        self.queue_clock = QueueClock(queue_timeout, start=created_at)
+        self.queue_clock = QueueClock(wait.queue_timeout, start=wait.created_at)
         self._watch_loop = WatchLoop(first_backoff=0.2)  # the pods as the watch sees them
-        self.beyond_pods = KindReads(self.kind, job_name, namespace, master_pod, created_at)
-        # [group, version, plural] of custom objects named after the job, deleted on a kill.
-        self.custom_objects = [list(kind) for kind in custom_objects or []]
+        self.beyond_pods = KindReads(self.kind, wait.job_name, wait.namespace, wait.master_pod, wait.created_at)
         # Waiting for the end, the master's log is followed into the task log (an
-        # ``OutputPlan`` as primitives; None: not followed). ``skip_lines``: whole lines of it
+        # ``OutputPlan`` as primitives; None: not followed) after ``skip_lines`` whole lines
         # this task's log already holds (a retry that reattached goes on where its try stopped).
-        self.master_log = dict(master_log) if master_log else None
-        self.skip_lines = skip_lines
+        self.master_log = dict(wait.master_log) if wait.master_log else None
         # Waiting for the end of a job whose master started with its workers: every worker must
         # be Ready (sshd answering its readiness probe) within ``startup_timeout``, as the waiting
         # path's sensor requires. Counted from this trigger's start (a trigger started again by
         # another triggerer gives the workers the whole bound again: never a wrong kill).
-        self.startup_timeout = startup_timeout
-        self.startup_deadline = time.time() + startup_timeout if startup_timeout and wait_for == WAIT_FINISHED else None
+        self.startup_timeout = wait.startup_timeout
+        self.startup_deadline = (
+            time.time() + wait.startup_timeout if wait.startup_timeout and wait.wait_for == WAIT_FINISHED else None
+        )
         self._fired = False
         self._master_ended: asyncio.Event | None = None
         self._records: MasterRecords | None = None  # the master's lines into the task log
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "job_name": self.job_name,
-                "namespace": self.namespace,
-                "kubernetes_conn_id": self.kubernetes_conn_id,
-                "wait_for": self.wait_for,
-                "deadline": self.deadline,
-                "worker_pods": list(self.worker_pods),
-                "master_pod": self.master_pod,
-                "timeout": self.timeout,
-                "ssh_port": self.ssh_port,
-                "api_timeout": self.api_timeout,
-                "try_number": self.try_number,
-                "marks": dict(self.marks),
-                "kind": self.kind_name,
-                "gang": self.gang,
-                "queue": self.queue,
-                "queue_timeout": self.queue_timeout,
-                "created_at": self.created_at,
-                "custom_objects": [list(kind) for kind in self.custom_objects],
-                "master_log": dict(self.master_log) if self.master_log else None,
-                "skip_lines": self.skip_lines,
-                "startup_timeout": self.startup_timeout,
-            },
-        )
+        return f"{type(self).__module__}.{type(self).__qualname__}", {"contract": self.contract.to_dict()}
 
     @property
     def roles(self) -> dict[str, Role]:
@@ -167,29 +112,26 @@ class MPIJobTrigger(BaseTrigger):
         """The outcome to fire for the pods as they are now (and what ``_read_top`` read of the
         kind's top object), or None to keep waiting: the waiting path's rules, through the kind."""
         now = time.time()
-        seen = self.beyond_pods
-        check = self.kind.queue_check(self.gang, self.queue, list(table.pods.values()), seen.top)
-        if check.failure is not None:
-            return events.never_starts(f"{self.kind.top_label} {self.job_name}: {check.failure}")
-        if check.reason is not None and seen.refusal is not None:
-            return events.never_starts(seen.refusal)
-        self.queue_clock.observe(check.reason, now)
-        if check.reason is not None:
-            note = self.queue_clock.note(self.job_name, check.reason, now)
+        seen, contract = self.beyond_pods, self.contract
+        pods = list(table.pods.values())
+        kind = self.kind
+        admission = kind.admission(self.job_name, contract.gang, contract.queue, pods, seen.top, lambda: seen.refusal)
+        if admission.never_starts is not None:
+            return events.never_starts(admission.never_starts)
+        queued = admission.queued
+        self.queue_clock.observe(queued, now)
+        if queued is not None:
+            note = self.queue_clock.note(self.job_name, queued, now)
             if note is not None:
                 self.log.info("%s", note)
             if self.queue_clock.expired(now):
-                return events.queue_timeout(self.queue_clock.timeout_message(self.job_name, check.reason, now))
+                return events.queue_timeout(self.queue_clock.timeout_message(self.job_name, queued, now))
             self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
             if self.startup_deadline is not None and self.startup_timeout:
                 self.startup_deadline = max(self.startup_deadline, now + self.startup_timeout)
             return None
         deleting = {name for name, pod in table.pods.items() if pod["metadata"].get("deletionTimestamp")}
-        states = table.states(self.roles)
-        if seen.master_gone_failure is not None:
-            states = [s for s in states if s.name != self.master_pod]
-            states.append(PodState(self.master_pod, Role.MASTER, PodPhase.FAILED, reason=seen.master_gone_failure))
-        states = self.kind.observe(states, deleting)
+        states = kind.deciding_states(self.master_pod, table.states(self.roles), deleting, seen.master_gone_failure)
         if self._master_ended is not None and any(s.role is Role.MASTER and s.ended for s in states):
             self._master_ended.set()  # the log follow may stop at the end of its stream
         status = evaluate_job(states)
@@ -214,7 +156,7 @@ class MPIJobTrigger(BaseTrigger):
         await import_client()  # in a thread, not on the loop the other triggers share
         from kubernetes_asyncio.client import CoreV1Api
 
-        async with shared_api_client(self.kubernetes_conn_id) as api_client:
+        async with shared_api_client(self.contract.kubernetes_conn_id) as api_client:
             if self.master_log is not None and self.wait_for == WAIT_FINISHED:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
@@ -240,9 +182,9 @@ class MPIJobTrigger(BaseTrigger):
         assert self.master_log is not None
         view = OutputPlan.from_dict(self.master_log)
         config_map = self.kind.config_map_name(self.job_name)
-        mark = ShownLines(api_client, self.namespace, config_map, self.try_number, timeout=self.api_timeout)
+        mark = ShownLines(api_client, self.namespace, config_map, self.contract.try_number, timeout=self.api_timeout)
         records = self._records = MasterRecords(lambda: output.lines_read, shown=mark)
-        output = MasterOutput(view, records.info, records.warning, skip_lines=self.skip_lines)
+        output = MasterOutput(view, records.info, records.warning, skip_lines=self.contract.skip_lines)
         self._master_ended = asyncio.Event()
         follower = MasterLogFollower(
             api_client,
@@ -411,7 +353,8 @@ class MPIJobTrigger(BaseTrigger):
         if self.kind.controller_makes_pods():
             return None
         pods = list(table.pods.values())
-        if self.gang and (not pods or self.kind.queue_check(self.gang, self.queue, pods, self.beyond_pods.top).reason):
+        gang, queue = self.contract.gang, self.contract.queue
+        if gang and (not pods or self.kind.queue_check(gang, queue, pods, self.beyond_pods.top).reason):
             return None  # a queued job's pods may not exist yet: ``decide`` bounds that wait
         missing = [name for name in self.roles if name not in table.pods]
         if missing and len(missing) == len(self.roles):
@@ -428,8 +371,8 @@ class MPIJobTrigger(BaseTrigger):
             "job_name": self.job_name,
             "wait_for": self.wait_for,
             "at": time.time(),
-            "try_number": self.try_number,
-            "marks": dict(self.marks),
+            "try_number": self.contract.try_number,
+            "marks": dict(self.contract.marks),
         }
         return TriggerEvent(events.fire(outcome, envelope))  # type: ignore[no-untyped-call]
 
@@ -440,8 +383,8 @@ class MPIJobTrigger(BaseTrigger):
         await import_client()
         from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 
-        async with shared_api_client(self.kubernetes_conn_id) as api_client:
-            for group, version, plural in self.custom_objects:
+        async with shared_api_client(self.contract.kubernetes_conn_id) as api_client:
+            for group, version, plural in self.contract.custom_objects:
                 with contextlib.suppress(Exception):
                     await CustomObjectsApi(api_client).delete_namespaced_custom_object(
                         group,

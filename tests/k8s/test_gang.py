@@ -269,6 +269,7 @@ def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeo
     assert outcome is not None and outcome["status"] == "timeout"
     assert "scheduling.queue_timeout" in outcome["reason"] and "pod group waits" in outcome["reason"]
     assert MPIJobTrigger(**{**fields, "gang": False}).decide(table) == {
+        "outcome": "job_timeout",
         "status": "timeout",
         "reason": "the job ran past its timeout of 30s",
     }

@@ -4,6 +4,7 @@ against the double, on_kill, and the deferrable operator's failure path under da
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from airflow_mpi.backends.k8s_errors import API_TIMEOUT
+from airflow_mpi.events import WaitContract
 from airflow_mpi.observe.status import PodTable
 from airflow_mpi.triggers.mpi import MPIJobTrigger
 from tests.airflow_helpers import task_states
@@ -35,16 +38,29 @@ def trigger(**changes: Any) -> MPIJobTrigger:
         "marks": {"created": 1.5},
     }
     fields.update(changes)
-    return MPIJobTrigger(**fields)
+    return MPIJobTrigger(contract={"api_timeout": 60.0, **fields})
 
 
 def test_serialize_round_trip_with_primitives_only() -> None:
     from airflow.sdk.module_loading import import_string
 
-    classpath, kwargs = trigger().serialize()
+    classpath, kwargs = trigger(custom_objects=[["kubeflow.org", "v2beta1", "mpijobs"]]).serialize()
+    assert list(kwargs) == ["contract"]  # the wait, whole
     assert json.loads(json.dumps(kwargs)) == kwargs  # primitives only
     again = import_string(classpath)(**kwargs)
     assert again.serialize() == (classpath, kwargs)
+    assert again.contract == WaitContract.from_dict(kwargs["contract"])
+
+
+def test_a_trigger_an_earlier_version_stored_comes_back_with_the_same_wait() -> None:
+    """Earlier versions stored the wait's fields as keyword arguments (api_timeout only from
+    some version on): the triggerer rebuilds such a trigger after an upgrade."""
+    made = trigger(kind="volcano", gang=True, queue_timeout=60.0, master_log=None, skip_lines=4)
+    stored = {key: value for key, value in made.contract.to_dict().items() if key != "api_timeout"}
+    again = MPIJobTrigger(**stored)
+    assert again.contract == dataclasses.replace(made.contract, api_timeout=API_TIMEOUT)
+    with pytest.raises(TypeError, match="unknown wait contract field"):
+        MPIJobTrigger(**stored, surprise=1)
 
 
 def pod(name: str, role: str, *, phase: str = "Running", ready: bool = False, **status: Any) -> dict[str, Any]:

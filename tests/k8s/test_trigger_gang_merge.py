@@ -41,8 +41,9 @@ def test_serialized_kwargs_carry_kind_gang_queue_custom_objects_and_api_timeout(
         kind="volcano", gang=True, queue_timeout=60.0, created_at=123.0, custom_objects=kinds, api_timeout=7.0
     )
     _, kwargs = made.serialize()
+    contract = kwargs["contract"]
     assert {
-        key: kwargs[key] for key in ("kind", "gang", "queue_timeout", "created_at", "custom_objects", "api_timeout")
+        key: contract[key] for key in ("kind", "gang", "queue_timeout", "created_at", "custom_objects", "api_timeout")
     } == {
         "kind": "volcano",
         "gang": True,

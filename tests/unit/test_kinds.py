@@ -60,3 +60,53 @@ def test_a_generated_master_is_attached_by_its_launchers_name_whatever_pods_are_
     master, roles = job_kind("mpijob").attached_roles("j", seen)
     assert master == "j-launcher"
     assert {name: role.value for name, role in roles.items()} == {"j-worker-0": "worker", "j-launcher": "master"}
+
+
+# --- the decisions the waiting backend and the trigger share ------------------------------------
+
+MPIJOB_NO_CONDITION = {"metadata": {"name": "j"}, "status": {}}
+MPIJOB_FAILED = {"metadata": {"name": "j"}, "status": {"conditions": [
+    {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer"}]}}  # fmt: skip
+
+
+def test_admission_reads_the_controllers_events_only_while_queued_where_the_kind_says() -> None:
+    asked: list[str] = []
+
+    def refusal(answer: str | None) -> Any:
+        def read() -> str | None:
+            asked.append("events")
+            return answer
+
+        return read
+
+    mpijob = job_kind("mpijob")
+    refused = mpijob.admission("j", False, None, [], MPIJOB_NO_CONDITION, refusal("mpi-operator refused MPIJob j"))
+    assert refused.never_starts == "mpi-operator refused MPIJob j" and refused.queued is None
+    waiting = mpijob.admission("j", False, None, [], MPIJOB_NO_CONDITION, refusal(None))
+    assert waiting.queued and waiting.never_starts is None
+    assert asked == ["events", "events"]
+    failed = mpijob.admission("j", False, None, [], MPIJOB_FAILED, refusal("never asked"))
+    assert failed.never_starts is not None and failed.never_starts.startswith("MPIJob j: ")
+    assert "DeadlineExceeded" in failed.never_starts
+    plain = job_kind("pods").admission("j", False, None, [], None, refusal("never asked"))
+    assert (plain.queued, plain.never_starts) == (None, None)  # no gang: never queued
+    assert asked == ["events", "events"]
+
+
+def test_a_master_deleted_for_a_reason_its_top_object_gives_fails_with_it() -> None:
+    from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, evaluate_job
+    from airflow_mpi.spec import Role
+
+    states = [
+        PodState("j-launcher-x", Role.MASTER, PodPhase.FAILED, reason="Deleted"),
+        PodState("j-worker-0", Role.WORKER, PodPhase.RUNNING, ready=True),
+    ]
+    kind = job_kind("mpijob")
+    said = kind.deciding_states("j-launcher-x", states, set(), "MPIJob j failed: DeadlineExceeded")
+    assert [(s.name, s.phase, s.reason) for s in said if s.role is Role.MASTER] == [
+        ("j-launcher-x", PodPhase.FAILED, "MPIJob j failed: DeadlineExceeded")
+    ]
+    status = evaluate_job(said)
+    assert status.phase is JobPhase.FAILED and status.failed_pod == "j-launcher-x"
+    assert status.reason.endswith("failed, MPIJob j failed: DeadlineExceeded")
+    assert kind.deciding_states("j-launcher-x", states, set(), None) == kind.observe(states, set())
