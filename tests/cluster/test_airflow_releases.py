@@ -17,6 +17,7 @@ virtualenv's own folder). The uv cache makes a warm run install in seconds.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,14 +99,42 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return found
 
 
-@pytest.fixture(scope="module", params=list(RELEASES))
-def release(request: pytest.FixtureRequest, wheel: Path) -> Iterator[tuple[str, Path]]:
-    """(version, root): a virtualenv of that Airflow with the wheel, and an Airflow home beside
-    it; not under /tmp (every pod gets a /tmp of its own, and the ranks run its Python)."""
+# The releases run two at a time: each mostly waits (its jobs, its Airflow processes), and four at
+# once on two cores would make the live-log checks a race with the machine.
+AT_ONCE = 2
+
+
+@pytest.fixture(scope="module")
+def releases_checked(wheel: Path, cluster: Cluster) -> Iterator[dict[str, BaseException | None]]:
+    """Every release checked (``check_release``), AT_ONCE at a time, each in a virtualenv and a
+    namespace of its own: version -> the failure it met, or None."""
     if not UV.exists():
         pytest.fail("needs uv in the test environment (make setup installs it)")
-    version = request.param
-    root = Path(tempfile.mkdtemp(prefix=f"airflow-{version}-", dir="/var/tmp"))
+    roots = {version: Path(tempfile.mkdtemp(prefix=f"airflow-{version}-", dir="/var/tmp")) for version in RELEASES}
+    namespaces = {version: f"r{version.replace('.', '')}-{uuid.uuid4().hex[:6]}" for version in RELEASES}
+
+    def one(version: str) -> BaseException | None:
+        try:
+            cluster.create_namespace(namespaces[version])
+            install_release(version, roots[version], wheel)
+            check_release(version, roots[version], cluster, namespaces[version])
+        except BaseException as failure:  # its own test reports it
+            return failure
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
+        outcomes = dict(zip(RELEASES, pool.map(one, RELEASES)))
+    yield outcomes
+    left = {version: job_objects(cluster.api(), namespace) for version, namespace in namespaces.items()}
+    for version, namespace in namespaces.items():
+        cluster.delete_namespace(namespace, wait=0)
+        shutil.rmtree(roots[version], ignore_errors=True)
+    assert not any(left.values()), f"left behind: {left}"
+
+
+def install_release(version: str, root: Path, wheel: Path) -> None:
+    """A virtualenv of that Airflow with the wheel, and an Airflow home beside it; not under /tmp
+    (every pod gets a /tmp of its own, and the ranks run its Python)."""
     python = root / "venv" / "bin" / "python"
     started = time.monotonic()
     subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(root / "venv")], check=True, timeout=120)
@@ -120,8 +150,6 @@ def release(request: pytest.FixtureRequest, wheel: Path) -> Iterator[tuple[str, 
     (root / "dags").mkdir()
     (root / "dags" / "compat_dag.py").write_text(textwrap.dedent(DAG))
     shutil.copy(REPO / "tests" / "cluster" / "release_check.py", root / "release_check.py")
-    yield version, root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def release_env(root: Path, cluster: Cluster, namespace: str) -> dict[str, str]:
@@ -151,10 +179,16 @@ def check(root: Path, env: dict[str, str], *args: str) -> tuple[dict[str, Any], 
     return json.loads(found[-1].split(" ", 1)[1]), output
 
 
+@pytest.mark.parametrize("version", list(RELEASES))
 def test_the_provider_runs_on_the_oldest_and_newest_airflow_it_declares(
-    release: tuple[str, Path], cluster: Cluster, namespace: str
+    version: str, releases_checked: dict[str, BaseException | None]
 ) -> None:
-    version, root = release
+    failure = releases_checked[version]
+    if failure is not None:
+        raise failure
+
+
+def check_release(version: str, root: Path, cluster: Cluster, namespace: str) -> None:
     env = release_env(root, cluster, namespace)
     started = time.monotonic()
     migrated = run(root, env, "airflow", "db", "migrate")
