@@ -75,8 +75,9 @@ browser: ## Chromium and ChromeDriver from Debian's packages, for the browser ti
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	fi
 
+# The real-Node tier runs in a pytest session of its own beside the rest (tests/lanes.py).
 test: setup lint cluster-build image browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane and real Nodes, the UI in a browser, the docs site
-	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(PY) -m tests.lanes -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The real Kubernetes control plane and controllers, built from upstream source through the Go
 # module proxy, once per version, into ~/.cache/airflow-mpi/k8s (shared by every clone and CI).

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import yaml
 
+from airflow_mpi.backends.sandbox import NETNS_PREFIX as LOCAL_NETNS_PREFIX
 from tests.cluster.build import COMPONENTS, K8S_VERSION, bin_dir
 from tests.cluster.controlplane import ControlPlane, Process, free_port, wait_for
 
@@ -106,7 +107,9 @@ def nft_tables() -> set[str]:
 def host_state() -> dict[str, object]:
     """What real Nodes could leave on the host, for a before/after comparison."""
     links = sorted(p.name for p in Path("/sys/class/net").iterdir())
-    netns = _sh("ip", "netns", "list", check=False).split()
+    # The local sandbox's namespaces (the other tiers', running beside this one) are theirs to check.
+    netns = [line.split()[0] for line in _sh("ip", "netns", "list", check=False).splitlines() if line.strip()]
+    netns = [name for name in netns if not name.startswith(LOCAL_NETNS_PREFIX)]
     mounts = sorted(
         line.split()[1]
         for line in Path("/proc/self/mounts").read_text().splitlines()

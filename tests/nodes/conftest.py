@@ -38,7 +38,7 @@ def node_images() -> list[Path] | None:
 @pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     from tests.cluster.nodes import host_state, node_tools_built
-    from tests.leaks import ours
+    from tests.leaks import node_processes
 
     images = node_images()
     if not (built() and node_tools_built() and images):
@@ -60,7 +60,7 @@ def cluster() -> Iterator[Cluster]:
         cluster.stop()
     after = host_state()
     assert {k: v for k, v in after.items() if before[k] != v} == {}, "the Nodes left something on the host"
-    assert not ours(), f"leaked: {ours()}"
+    assert not node_processes(), f"leaked in a Node's containers: {node_processes()}"
 
 
 @pytest.fixture

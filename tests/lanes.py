@@ -1,0 +1,66 @@
+"""`make test`: the real-Node tier (tests/nodes, with the unit tests) in a pytest session of its
+own, beside the session that runs every other test, both at once.
+
+Both mostly wait (on kubelets and containers, on sshd, Airflow and the API server), so on a
+2-core machine side by side they take about as long as the longer one. Each tier checks what it
+leaves behind and only that (tests/leaks.py: processes in a real Node's cgroups are the Node
+tier's; its host-state check leaves the local sandbox's namespaces to the others). The main
+session's output is live; the Node session's follows once both end. Explicit test paths run one
+session, as plain pytest does.
+
+    python -m tests.lanes [pytest options]
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NODE_TIER = "tests/nodes"
+# Beside the real-Node tier: tests that make nothing a leak check could see (seconds in all).
+BESIDE_NODES = ("tests/unit",)
+
+
+def names_tests(args: list[str]) -> bool:
+    """Whether the arguments pick tests by path or node id (then one plain session runs them)."""
+    return any(not arg.startswith("-") and ("::" in arg or Path(arg).exists()) for arg in args)
+
+
+def main(args: list[str]) -> int:
+    pytest = [sys.executable, "-m", "pytest"]
+    if names_tests(args):
+        return subprocess.call([*pytest, *args])
+    handle, name = tempfile.mkstemp(prefix="airflow-mpi-node-tier-", suffix=".log")
+    log = Path(name)
+    started = time.monotonic()
+    with os.fdopen(handle, "wb") as out:
+        nodes = subprocess.Popen([*pytest, NODE_TIER, *BESIDE_NODES, *args], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        ignored = [f"--ignore={path}" for path in (NODE_TIER, *BESIDE_NODES)]
+        main_rc = subprocess.call([*pytest, *ignored, *args])
+        main_s = time.monotonic() - started
+        nodes_rc = nodes.wait()
+    except BaseException:  # interrupted: the Node session tears its cluster down too
+        nodes.send_signal(signal.SIGINT)
+        nodes.wait()
+        raise
+    finally:
+        total_s = time.monotonic() - started
+    print(f"\n{'=' * 30} the real-Node tier ({NODE_TIER}), run beside the rest {'=' * 30}", flush=True)
+    sys.stdout.write(log.read_text(errors="replace"))
+    log.unlink()
+    print(
+        f"\nlanes: the rest exited {main_rc} after {main_s:.0f}s; the real-Node tier exited {nodes_rc}; "
+        f"{total_s:.0f}s in all",
+        flush=True,
+    )
+    return main_rc or nodes_rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
