@@ -80,7 +80,7 @@ def test_decisions() -> None:
     ready = trigger()
     assert ready.decide(table(pod("job-1-worker-0", "worker", ready=True))) is None
     both = table(pod("job-1-worker-0", "worker", ready=True), pod("job-1-worker-1", "worker", ready=True))
-    assert ready.decide(both) == {"status": "ready"}
+    assert ready.decide(both) == {"outcome": "ready", "status": "ready"}
     pulling = pod(
         "job-1-worker-1",
         "worker",
@@ -88,9 +88,10 @@ def test_decisions() -> None:
         containerStatuses=[{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling"}}}],
     )
     failed = ready.decide(table(pod("job-1-worker-0", "worker", ready=True), pulling))
-    assert failed is not None and failed["status"] == "failed" and failed["pod"] == "job-1-worker-1"
+    assert failed is not None and failed["outcome"] == "pod_failed" and failed["pod"] == "job-1-worker-1"
+    assert failed["starting"]  # before every worker was Ready
     late = trigger(deadline=time.time() - 1).decide(table(pod("job-1-worker-0", "worker", ready=True)))
-    assert late is not None and late["status"] == "timeout"
+    assert late is not None and late["outcome"] == "startup_timeout"
     assert "job-1-worker-1.job-1: pod not ready" in late["reason"]
     finished = trigger(wait_for="finished").decide(
         table(
@@ -99,7 +100,7 @@ def test_decisions() -> None:
             pod("job-1-master-0", "master", phase="Succeeded"),
         )
     )
-    assert finished == {"status": "finished"}
+    assert finished == {"outcome": "finished", "status": "finished"}
 
 
 IMPORT_ON_A_LOOP = """
