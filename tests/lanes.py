@@ -24,11 +24,21 @@ from pathlib import Path
 NODE_TIER = "tests/nodes"
 # Beside the real-Node tier: tests that make nothing a leak check could see (seconds in all).
 BESIDE_NODES = ("tests/unit",)
+# Last in the main session: by then the Node tier has most likely ended. Both start mpi-operator,
+# whose health port is fixed, so one waits for the other (``controlplane.host_lock``).
+MAIN_LAST = ("tests/cluster",)
 
 
 def names_tests(args: list[str]) -> bool:
     """Whether the arguments pick tests by path or node id (then one plain session runs them)."""
     return any(not arg.startswith("-") and ("::" in arg or Path(arg).exists()) for arg in args)
+
+
+def main_session_paths() -> list[str]:
+    """Every test directory but the Node session's, MAIN_LAST last."""
+    others = {NODE_TIER, *BESIDE_NODES, *MAIN_LAST}
+    found = sorted(str(d) for d in Path("tests").iterdir() if d.is_dir() and any(d.rglob("test_*.py")))
+    return [d for d in found if d not in others] + [d for d in MAIN_LAST if d in found]
 
 
 def main(args: list[str]) -> int:
@@ -41,8 +51,7 @@ def main(args: list[str]) -> int:
     with os.fdopen(handle, "wb") as out:
         nodes = subprocess.Popen([*pytest, NODE_TIER, *BESIDE_NODES, *args], stdout=out, stderr=subprocess.STDOUT)
     try:
-        ignored = [f"--ignore={path}" for path in (NODE_TIER, *BESIDE_NODES)]
-        main_rc = subprocess.call([*pytest, *ignored, *args])
+        main_rc = subprocess.call([*pytest, *main_session_paths(), *args])
         main_s = time.monotonic() - started
         nodes_rc = nodes.wait()
     except BaseException:  # interrupted: the Node session tears its cluster down too

@@ -5,16 +5,18 @@ permission the product's objects make it need is checked too."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.cluster.build import COMPONENTS, assets_dir, bin_dir, is_built
-from tests.cluster.controlplane import Process, wait_for
+from tests.cluster.controlplane import Process, host_lock, wait_for
 from tests.cluster.kubeapi import KubeApi, Obj
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+MPI_OPERATOR_PORT_WAIT = 1800.0  # seconds for another session's mpi-operator to end (a whole tier)
 
 
 def yaml_documents(path: Path) -> list[Obj]:
@@ -65,13 +67,20 @@ def start_mpi_operator(cluster: Any) -> Process:
     kubeconfig = cluster.bind_service_account(
         "mpi-operator", "mpi-operator", role, cluster.workdir / "mpi-operator.kubeconfig"
     )
+    # It serves its health check on :8080, a port it does not let one change: one mpi-operator at
+    # a time on this host (another test session's cluster may run one: tests/lanes.py).
+    lock = host_lock("mpi-operator-health-8080", MPI_OPERATOR_PORT_WAIT)
     process = Process(
         "mpi-operator",
         [str(bin_dir(component) / "mpi-operator"), "-kubeConfig", str(kubeconfig), "-lock-namespace", "mpi-operator",
          "-cluster-domain", "cluster.local", "-threadiness", "4"],
         cluster.workdir / "logs" / "mpi-operator.log",
+        pass_fds=(lock,),
     )  # fmt: skip
-    process.start()
+    try:
+        process.start()
+    finally:
+        os.close(lock)
     # It reports nothing until it leads (leader election always runs); then it syncs MPIJobs.
     wait_for("mpi-operator leading", lambda: "Started workers" in process.tail(200), 90, process)
     return process

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from tests.cluster.pki import PKI, KeyPair
 
 SERVICE_CIDR = "10.0.0.0/24"  # allocated only: no pod reaches a ClusterIP (no kube-proxy)
 _PR_SET_PDEATHSIG = 1
+LOCKS = Path("/run/lock")  # host_lock's files (airflow-mpi-tests-<name>.lock), where lock files belong
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,6 +51,25 @@ def _die_with_parent() -> None:
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-spawner")
 
 
+def host_lock(name: str, timeout: float) -> int:
+    """An exclusive lock on this host, as an open file descriptor: for what only one process of
+    every test session here may use at a time (a port a controller does not let one change). Hand
+    it to the process that uses the thing (``Process.pass_fds``), then close it here: the lock
+    is held exactly while that process lives, even past a SIGKILLed test session."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCKS / f"airflow-mpi-tests-{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise TimeoutError(f"{name}: still held by another test session after {timeout:.0f}s") from None
+            time.sleep(0.5)
+
+
 @dataclass
 class Process:
     """A child process of the control plane with its log file."""
@@ -57,6 +78,7 @@ class Process:
     argv: list[str]
     log: Path
     env: dict[str, str] | None = None
+    pass_fds: tuple[int, ...] = ()  # e.g. a ``host_lock`` the process holds while it runs
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -69,6 +91,7 @@ class Process:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
+                pass_fds=self.pass_fds,
                 preexec_fn=_die_with_parent,
                 start_new_session=True,
             ).result()
