@@ -48,24 +48,25 @@ def main(args: list[str]) -> int:
     handle, name = tempfile.mkstemp(prefix="airflow-mpi-node-tier-", suffix=".log")
     log = Path(name)
     started = time.monotonic()
-    with os.fdopen(handle, "wb") as out:
-        nodes = subprocess.Popen([*pytest, NODE_TIER, *BESIDE_NODES, *args], stdout=out, stderr=subprocess.STDOUT)
+    main_rc = nodes_rc = None
     try:
-        main_rc = subprocess.call([*pytest, *main_session_paths(), *args])
-        main_s = time.monotonic() - started
-        nodes_rc = nodes.wait()
-    except BaseException:  # interrupted: the Node session tears its cluster down too
-        nodes.send_signal(signal.SIGINT)
-        nodes.wait()
-        raise
-    finally:
-        total_s = time.monotonic() - started
-    print(f"\n{'=' * 30} the real-Node tier ({NODE_TIER}), run beside the rest {'=' * 30}", flush=True)
-    sys.stdout.write(log.read_text(errors="replace"))
-    log.unlink()
+        with os.fdopen(handle, "wb") as out:
+            nodes = subprocess.Popen([*pytest, NODE_TIER, *BESIDE_NODES, *args], stdout=out, stderr=subprocess.STDOUT)
+        try:
+            main_rc = subprocess.call([*pytest, *main_session_paths(), *args])
+            main_s = time.monotonic() - started
+            nodes_rc = nodes.wait()
+        except BaseException:  # interrupted: the Node session tears its cluster down too
+            nodes.send_signal(signal.SIGINT)
+            nodes.wait()
+            raise
+    finally:  # the Node session's output, whatever happened
+        print(f"\n{'=' * 30} the real-Node tier ({NODE_TIER}), run beside the rest {'=' * 30}", flush=True)
+        sys.stdout.write(log.read_text(errors="replace"))
+        log.unlink()
     print(
         f"\nlanes: the rest exited {main_rc} after {main_s:.0f}s; the real-Node tier exited {nodes_rc}; "
-        f"{total_s:.0f}s in all",
+        f"{time.monotonic() - started:.0f}s in all",
         flush=True,
     )
     return main_rc or nodes_rc
