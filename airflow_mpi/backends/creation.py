@@ -18,6 +18,7 @@ from airflow_mpi.backends.custom_objects import CustomObjects
 from airflow_mpi.backends.pod_watch import WatchedJob
 from airflow_mpi.backends.removal import TEARDOWN_WAIT
 from airflow_mpi.exceptions import BackendUnreachable, LaunchError
+from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.gang import POD_GROUP_KINDS
 from airflow_mpi.kinds.manifests import config_map_name, secret_name
@@ -112,49 +113,78 @@ class JobCreation:
         raise LaunchError(f"job {name}: an earlier attempt's objects are still being deleted")
 
     def _create_custom_job(self, plan: JobPlan, namespace: str) -> None:
-        """The top object and our Secret and ConfigMap, made its dependents: created after it,
-        or (``creates_ours_before_top``) before it and then given their owner."""
+        """The top object and the objects the kind makes beside it (our Secret and ConfigMap, a
+        TrainJob's runtime), made its dependents: created after it, or
+        (``creates_ours_before_top``) before it and then given their owner."""
         kind, top = self.kind, self.kind.top_resource
         top_object, *ours = kind.render(plan, namespace)
         if self.custom.get(namespace, top, plan.job_name) is not None:
             self._delete_earlier_attempt(namespace, plan.job_name)  # its pods may be half-way
-        made: list[tuple[str, Obj]] = []
+        made: list[Obj] = []
         try:
             if kind.creates_ours_before_top():
-                for obj, plural in zip(ours, ("secrets", "configmaps"), strict=True):
+                for obj in ours:
                     obj["metadata"].pop("ownerReferences", None)
-                    made.append((plural, self._create_fresh(namespace, plural, obj)))
+                    made.append(self._create_fresh(namespace, obj))
             created = self.custom.create(namespace, top, top_object)
             job = self.watch(plan, namespace, created["metadata"]["resourceVersion"])
             job.roles[plan.master.name] = Role.MASTER  # the controller creates it with the workers
             owner = kind.owner_reference(plan, created["metadata"]["uid"])
             for obj in ours:
                 obj["metadata"]["ownerReferences"] = [owner]
-            for plural, obj in made:
+            for obj in made:
                 obj["metadata"]["ownerReferences"] = [owner]
-                self.objects.replace(namespace, plural, obj)
+                self._replace(namespace, obj)
             if not kind.creates_ours_before_top():
-                for obj, plural in zip(ours, ("secrets", "configmaps"), strict=True):
-                    self.objects.create(namespace, plural, obj)
+                for obj in ours:
+                    self._create(namespace, obj)
         except BaseException:
             with contextlib.suppress(Exception):  # the create's own error is the one to raise
                 self.remove(plan.job_name, namespace)
-            for plural, obj in made:  # not owned yet, or the collector is slow: now
+            for obj in made:  # not owned yet, or the collector is slow: now
                 with contextlib.suppress(Exception):
-                    self.objects.delete(namespace, plural, obj["metadata"]["name"])
+                    self._delete(namespace, obj)
             raise
 
-    def _create_fresh(self, namespace: str, plural: str, manifest: Obj) -> Obj:
+    def _create(self, namespace: str, manifest: Obj) -> Obj:
+        resource = self.kind.dependent_resource(manifest)
+        if resource[0]:
+            return self.custom.create(namespace, resource, manifest)
+        return self.objects.create(namespace, resource[2], manifest)
+
+    def _replace(self, namespace: str, obj: Obj) -> None:
+        resource = self.kind.dependent_resource(obj)
+        if resource[0]:
+            self.custom.replace(namespace, resource, obj)
+        else:
+            self.objects.replace(namespace, resource[2], obj)
+
+    def _delete(self, namespace: str, obj: Obj) -> None:
+        resource, name = self.kind.dependent_resource(obj), obj["metadata"]["name"]
+        if resource[0]:
+            self.custom.delete(namespace, resource, name)
+        else:
+            self.objects.delete(namespace, resource[2], name)
+
+    def _create_fresh(self, namespace: str, manifest: Obj) -> Obj:
         """Create; one left by an attempt that died before its top object existed is replaced."""
         try:
-            return self.objects.create(namespace, plural, manifest)
+            return self._create(namespace, manifest)
         except AlreadyExists:
-            self.objects.delete(namespace, plural, manifest["metadata"]["name"])
-            return self.objects.create(namespace, plural, manifest)
+            self._delete(namespace, manifest)
+            return self._create(namespace, manifest)
 
     def _delete_earlier_attempt(self, namespace: str, name: str) -> None:
-        top = self.kind.top_resource
-        self.custom.delete(namespace, top, name, propagation="Foreground")
-        if not self.custom.wait_gone(namespace, top, name, 60):
-            label = self.kind.top_label
+        """Delete it and wait until it and its pods are gone (a top object deleted in the
+        background goes before its pods: the new one's would meet them)."""
+        top, label = self.kind.top_resource, self.kind.top_label
+        self.custom.delete(namespace, top, name, propagation=self.kind.deletion_propagation())
+        deadline = time.monotonic() + TEARDOWN_WAIT
+        gone = self.custom.wait_gone(namespace, top, name, TEARDOWN_WAIT)
+        while gone and self.objects.list(namespace, "pods", job_selector(name)):
+            if time.monotonic() >= deadline:
+                gone = False
+                break
+            time.sleep(0.5)
+        if not gone:
             raise LaunchError(f"{label} {name}: an earlier attempt's {label} is still being deleted")

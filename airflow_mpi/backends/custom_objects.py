@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.backends.base import FoundJob
+from airflow_mpi.backends.core_objects import AlreadyExists
 from airflow_mpi.backends.k8s_errors import (
     CONFLICT,
     NOT_FOUND,
@@ -61,11 +62,11 @@ class CustomObjects:
         except BackendError:
             raise
         except Exception as error:
-            if api_status(error) == CONFLICT and attempts > 1:
-                # A retried POST whose first attempt went through: the object is there.
+            if api_status(error) == CONFLICT:
                 existing = self.get(namespace, gvk, name, since)
-                if existing is not None:
-                    return existing
+                if attempts > 1 and existing is not None:
+                    return existing  # a retried POST whose first attempt went through
+                raise AlreadyExists(f"{gvk[3]} {name} already exists in {namespace}", existing) from error
             raise translate(error, ApiRequest("create", plural, namespace, name), self.api_url) from error
 
     def get(self, namespace: str, gvk: GVK, name: str, since: float | None = None) -> Obj | None:
@@ -80,6 +81,22 @@ class CustomObjects:
             ApiRequest("get", plural, namespace, name),
             self.api_url,
         )
+
+    def replace(self, namespace: str, gvk: GVK, obj: Obj) -> None:
+        """Write ``obj`` whole (its resourceVersion: the one read, or a conflict)."""
+        group, version, plural, _ = gvk
+        name = obj["metadata"]["name"]
+        try:
+            self.send(
+                lambda timeout: self.api.replace_namespaced_custom_object(
+                    group, version, namespace, plural, name, obj, _preload_content=False, _request_timeout=timeout
+                ),
+                None,
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("update", plural, namespace, name), self.api_url) from error
 
     def list(self, namespace: str, gvk: GVK, selector: str, since: float | None = None) -> list[Obj]:
         group, version, plural, _ = gvk

@@ -27,7 +27,7 @@ _log = logging.getLogger(__name__)
 TEARDOWN_WAIT = 60.0  # for the pods to go once the API has accepted the delete
 # After deleting the pods ourselves: the kubelet has their grace period to stop them, then a margin.
 DIRECT_DELETE_WAIT = POD_TERMINATION_GRACE_SECONDS + 10.0
-GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the owner Service is gone
+GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the top object is gone
 
 
 class JobRemoval:
@@ -41,8 +41,8 @@ class JobRemoval:
         (``job``: its watch, when this process has one)."""
         controller = self.kind.controller_makes_pods()
         top = self.kind.top_resource
-        if controller:  # foreground: it is gone only once everything it owns is
-            self.custom.delete(namespace, top, job_name, propagation="Foreground")
+        if controller:  # foreground (as a rule): it is gone only once everything it owns is
+            self.custom.delete(namespace, top, job_name, propagation=self.kind.deletion_propagation())
         self._remove_core(job, job_name, namespace)
         if controller:
             self.custom.wait_gone(namespace, top, job_name, TEARDOWN_WAIT)
@@ -134,32 +134,36 @@ class JobRemoval:
 
     def leftovers(self, job: WatchedJob | None, job_name: str, namespace: str) -> list[str]:
         """What of the job still exists, by listing: our Services, Secrets and ConfigMaps (and
-        the pods the watch saw last), then what the kind's controller made. Dependents of a
-        Service already gone are given ``GC_SETTLE`` seconds: the collector takes them shortly."""
-        selector = job_selector(job_name)
+        the pods the watch saw last), then what the kind's controller made. While the top object
+        is gone, what is left is given ``GC_SETTLE`` seconds: the collector takes it shortly."""
         since = time.monotonic()
-        plurals = ("services", "secrets", "configmaps", *(("pods",) if job is None or job.final_pods else ()))
         while True:
-            found = [
-                f"{plural[:-1]} {o['metadata']['name']}"
-                for plural in plurals
-                for o in self.objects.list(namespace, plural, selector, since)
-            ]
-            owner_there = any(item.startswith("service ") for item in found)
-            if not found or owner_there or time.monotonic() - since >= GC_SETTLE:
-                break
+            found, top_there = self._listed(job, job_name, namespace, since)
+            if not found or top_there or time.monotonic() - since >= GC_SETTLE:
+                return found
             time.sleep(0.2)
+
+    def _listed(self, job: WatchedJob | None, job_name: str, namespace: str, since: float) -> tuple[list[str], bool]:
+        """Everything of the job that is listed now, and whether its top object is among it."""
+        selector = job_selector(job_name)
+        plurals = ("services", "secrets", "configmaps", *(("pods",) if job is None or job.final_pods else ()))
+        found = [
+            f"{plural[:-1]} {o['metadata']['name']}"
+            for plural in plurals
+            for o in self.objects.list(namespace, plural, selector, since)
+        ]
         kind = self.kind
-        if not kind.controller_makes_pods():  # our Service was among what was listed
-            return found
-        if self.custom.get(namespace, kind.top_resource, job_name) is not None:
+        if not kind.controller_makes_pods():  # our Service, the top object, was among what was listed
+            return found, f"service {job_name}" in found
+        top_there = self.custom.get(namespace, kind.top_resource, job_name) is not None
+        if top_there:
             found.append(f"{kind.top_label} {job_name}")
         for plural, query in kind.extra_leftover_queries(job_name):
             found += [f"{plural[:-1]} {o['metadata']['name']}" for o in self.objects.list(namespace, plural, query)]
         for plural, name in kind.leftover_names(job_name):
             if self.objects.get(namespace, plural, name) is not None:
                 found.append(f"{plural[:-1]} {name}")
-        return sorted(set(found))
+        return sorted(set(found)), top_there
 
 
 def _pods_left_after(watcher: PodWatcher, timeout: float) -> list[str] | None:

@@ -6,7 +6,7 @@ computes names, env, files or command lines itself, so both backends run the sam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from airflow_mpi import contract
@@ -84,15 +84,16 @@ def render_plan(
     paths: PodPaths = DEFAULT_PATHS,
     launch_script: str | None = None,
     master_pod: str | None = None,
+    worker_pod: Callable[[int], str] | None = None,
     platform_env: Mapping[str, str] | None = None,
 ) -> JobPlan:
     """Validate ``spec`` and derive every name, env, file and command line of one job.
-    ``master_pod``: the master's name where a controller fixes it (see ``build_topology``);
+    ``master_pod``, ``worker_pod``: the pods' names where a controller fixes them (see ``build_topology``);
     ``platform_env``: what the platform writes into every pod and rank (a cluster's ``NCCL_IB_*``,
     from its ``mpi`` connection), which the spec may not name."""
     spec.validated()
     job_name = build_job_name(spec.name, identity)
-    topology = build_topology(spec, job_name, master_pod)
+    topology = build_topology(spec, job_name, master_pod, worker_pod)
     labels = build_job_labels(job_name, identity, spec.pod.labels)
     platform = dict(platform_env or {})
     job_env = {**build_job_env(spec, topology), **platform}

@@ -8,6 +8,7 @@ run both and compare, so the two never drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from airflow_mpi import contract
@@ -57,12 +58,19 @@ class Topology:
         return self.rank_hosts[0].host if self.rank_hosts else self.master_host
 
 
-def build_topology(spec: MPIJobSpec, job_name: str, master_pod: str | None = None) -> Topology:
+def build_topology(
+    spec: MPIJobSpec,
+    job_name: str,
+    master_pod: str | None = None,
+    worker_pod: Callable[[int], str] | None = None,
+) -> Topology:
     """``master_pod``: the master's own name where a controller names it (mpi-operator's
-    ``<job>-launcher``); default ``<job>-master-0``."""
+    ``<job>-launcher``); default ``<job>-master-0``. ``worker_pod``: worker ``i``'s name where a
+    controller names the workers (JobSet's ``<job>-worker-0-<i>``); default ``<job>-worker-<i>``."""
     slot_plan = build_slot_plan(spec)
     master_pod = master_pod or build_pod_name(job_name, Role.MASTER, 0)
-    worker_pods = tuple(build_pod_name(job_name, Role.WORKER, i) for i in range(max(spec.workers.replicas, 0)))
+    name_worker = worker_pod or (lambda index: build_pod_name(job_name, Role.WORKER, index))
+    worker_pods = tuple(name_worker(i) for i in range(max(spec.workers.replicas, 0)))
     rank_hosts: list[HostSlots] = []
     if slot_plan.master_slots:
         rank_hosts.append(HostSlots(build_host_name(job_name, master_pod), master_pod, slot_plan.master_slots))

@@ -11,7 +11,7 @@ from typing import Any
 from airflow_mpi import contract
 from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, POD_TERMINATION_GRACE_SECONDS
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.job.naming import LABEL_JOB, LABEL_PREFIX
+from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB, LABEL_PREFIX
 from airflow_mpi.job.plan import JobPlan, PodPlan
 from airflow_mpi.spec import RoleSpec, Volume, render_cpu
 
@@ -277,6 +277,35 @@ def _toleration(toleration: Any) -> Manifest:
         if value is not None:
             out[key] = value
     return out
+
+
+def render_pod_template(
+    plan: JobPlan,
+    first: PodPlan,
+    namespace: str,
+    *,
+    secret: str,
+    config_map: str,
+    controller_sets: tuple[str, ...] = ("hostname", "subdomain"),
+) -> Manifest:
+    """A role's pod template for a controller that makes the role's pods (a Volcano task, an
+    MPIJob replica, a JobSet's Job), from the role's first pod: no per-worker index label, none of
+    the fields the controller sets itself (``controller_sets``), our Secret and ConfigMap under
+    the kind's names (``secret``, ``config_map``). The container's env is the caller's to adjust."""
+    pod = render_pod(plan, first, namespace, None)
+    metadata = pod["metadata"]
+    labels = dict(metadata["labels"])
+    if first.role.value == "worker":
+        labels.pop(LABEL_INDEX, None)
+    pod_spec = pod["spec"]
+    for name in controller_sets:
+        pod_spec.pop(name, None)
+    for volume in pod_spec["volumes"]:
+        if volume["name"] == VOLUME_CONFIG:
+            volume["configMap"]["name"] = config_map
+        elif volume["name"] == VOLUME_SSH:
+            volume["secret"]["secretName"] = secret
+    return {"metadata": {"labels": labels, "annotations": dict(metadata["annotations"])}, "spec": pod_spec}
 
 
 def downward_pod_name(item: dict[str, Any]) -> dict[str, Any]:

@@ -23,22 +23,29 @@ from typing import ClassVar
 from airflow_mpi import contract
 from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, PodPaths
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.job.naming import LABEL_INDEX, RunIdentity, build_host_name, build_job_name
+from airflow_mpi.job.naming import RunIdentity, build_host_name, build_job_name
 from airflow_mpi.job.plan import JobPlan, PodPlan, render_plan
 from airflow_mpi.job.ssh import SshMaterial
 from airflow_mpi.kinds.gang import KUEUE_QUEUE_LABEL, group_size, sum_requests
 from airflow_mpi.kinds.manifests import (
     PLACEHOLDER_UID,
-    VOLUME_CONFIG,
-    VOLUME_SSH,
     Manifest,
     downward_pod_name,
     render_config_map,
     render_pod,
+    render_pod_template,
     render_secret,
     require_image,
 )
-from airflow_mpi.kinds.strategy import JobKind, Obj, QueueCheck, newest_pod
+from airflow_mpi.kinds.strategy import (
+    CONTROLLER_GRACE,
+    JobKind,
+    Obj,
+    QueueCheck,
+    newest_pod,
+    top_condition,
+    without_cleanup_kills,
+)
 from airflow_mpi.kinds.volcano import share_worker_host_key
 from airflow_mpi.observe.status import PodState, pod_state_from_k8s
 from airflow_mpi.spec import Gang, HostsMode, MPIJobSpec, Role
@@ -209,29 +216,24 @@ def _replica(plan: JobPlan, first: PodPlan, replicas: int, namespace: str) -> Ma
 
 
 def _template(plan: JobPlan, first: PodPlan, namespace: str) -> Manifest:
-    """A role's pod template from its first pod: no host name (the controller sets it), no
-    per-worker index, our Secret and ConfigMap under their MPIJob names, the config directory
-    named to the launch script."""
-    pod = render_pod(plan, first, namespace, None)
-    metadata = pod["metadata"]
-    labels = dict(metadata["labels"])
-    if first.role is Role.WORKER:
-        labels.pop(LABEL_INDEX, None)
-    pod_spec = pod["spec"]
-    for field in ("hostname", "subdomain", "restartPolicy"):  # the controller sets them (restartPolicy
-        pod_spec.pop(field, None)  # from the replica spec, with a warning event if the template has one)
-    for volume in pod_spec["volumes"]:
-        if volume["name"] == VOLUME_CONFIG:
-            volume["configMap"]["name"] = mpijob_config_map_name(plan.job_name)
-        elif volume["name"] == VOLUME_SSH:
-            volume["secret"]["secretName"] = mpijob_secret_name(plan.job_name)
-    container = pod_spec["containers"][0]
+    """A role's pod template: the controller sets host names and ``restartPolicy`` (from the
+    replica spec, with a warning event if the template has one); the config directory named to
+    the launch script."""
+    template = render_pod_template(
+        plan,
+        first,
+        namespace,
+        secret=mpijob_secret_name(plan.job_name),
+        config_map=mpijob_config_map_name(plan.job_name),
+        controller_sets=("hostname", "subdomain", "restartPolicy"),
+    )
+    container = template["spec"]["containers"][0]
     env = [downward_pod_name(item) if first.role is Role.WORKER else item for item in container["env"]]
     env.append({"name": contract.ENV_CONFIG_DIR, "value": plan.paths.config_dir})
     if first.role is Role.MASTER and plan.spec.hosts_mode is HostsMode.HOSTFILE:
         env.append({"name": contract.ENV_HOSTFILE, "value": plan.paths.hostfile})
     container["env"] = env
-    return {"metadata": {"labels": labels, "annotations": dict(metadata["annotations"])}, "spec": pod_spec}
+    return template
 
 
 def render_mpijob_known_hosts(plan: JobPlan, namespace: str) -> str:
@@ -248,17 +250,9 @@ def render_mpijob_known_hosts(plan: JobPlan, namespace: str) -> str:
 # --- the MPIJob's status -------------------------------------------------------------------------
 
 
-def mpijob_condition(mpijob: Manifest | None, kind: str) -> Manifest | None:
-    """The condition ``kind`` when its status is True, else None."""
-    for condition in ((mpijob or {}).get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return dict(condition)
-    return None
-
-
 def describe_mpijob_failure(mpijob: Manifest | None) -> str | None:
     """``Failed=True``'s reason and message (``DeadlineExceeded``, ``MPIJobEvicted``, ...), or None."""
-    failed = mpijob_condition(mpijob, "Failed")
+    failed = top_condition(mpijob, "Failed")
     if failed is None:
         return None
     reason, message = failed.get("reason") or "Failed", failed.get("message") or ""
@@ -268,15 +262,15 @@ def describe_mpijob_failure(mpijob: Manifest | None) -> str | None:
 def describe_mpijob_wait(mpijob: Manifest | None, pods_exist: bool) -> str | None:
     """Why an MPIJob has no pods yet (suspended until Kueue admits it, or the gang waits), or
     None once it runs, ends, or is not there."""
-    if mpijob is None or mpijob_condition(mpijob, "Succeeded") or mpijob_condition(mpijob, "Failed"):
+    if mpijob is None or top_condition(mpijob, "Succeeded") or top_condition(mpijob, "Failed"):
         return None
     queue = (mpijob.get("metadata", {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-    if mpijob_condition(mpijob, "Suspended") is not None:
+    if top_condition(mpijob, "Suspended") is not None:
         where = f" in queue {queue!r}" if queue else ""
         return f"queued: MPIJob suspended{where} until it is admitted"
     if pods_exist:
         return None
-    if mpijob_condition(mpijob, "Created") is None:
+    if top_condition(mpijob, "Created") is None:
         return "queued: MPIJob not yet seen by mpi-operator"
     return "queued: MPIJob created, mpi-operator has not created its pods yet"
 
@@ -287,24 +281,6 @@ def describe_validation_event(events: list[Manifest]) -> str | None:
         if event.get("reason") == "ValidationError":
             return str(event.get("message") or "ValidationError")
     return None
-
-
-def without_cleanup_kills(states: list[PodState], deleting: set[str]) -> list[PodState]:
-    """Pod states without the workers ``cleanPodPolicy: Running`` removes once the launcher has
-    ended by itself: they are not what decided the job (an evicted or failed worker is kept)."""
-    master = next((state for state in states if state.role is Role.MASTER), None)
-    if master is None or not master.ended or master.reason == "Deleted":
-        return states
-    return [
-        state
-        for state in states
-        if state.role is Role.MASTER or (state.name not in deleting and state.reason != "Deleted")
-    ]
-
-
-# How long a custom top object may go without any sign of its controller (no condition, no
-# pods) before the controller is taken to be absent.
-CONTROLLER_GRACE = 60.0
 
 
 class MPIJobKind(JobKind):
@@ -318,6 +294,11 @@ class MPIJobKind(JobKind):
     ours_before_top = True
     master_generated = True
     explains_master_deletion = True
+    # It takes over our Secret and ConfigMap, made before it, as their owner: they are updated.
+    rules = (
+        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},
+        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
+    )
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The MPIJob, our Secret, our ConfigMap."""
@@ -335,12 +316,13 @@ class MPIJobKind(JobKind):
         return render_mpijob_plan(spec, identity, platform_env=platform_env)
 
     def owns(self, obj: Obj) -> bool:
-        """Owned by the MPIJob, or by its launcher's batch Job (the launcher pod); or by nothing
-        yet: this kind alone creates its Secret and ConfigMap before their owner exists."""
-        refs = obj.get("metadata", {}).get("ownerReferences") or []
-        return not refs or any(
-            (ref.get("apiVersion"), ref.get("kind")) in (self.top_owner, self.launcher_owner) for ref in refs
-        )
+        """Owned by the MPIJob, or by its launcher's batch Job (the launcher pod, which carries
+        the operator's label); or by nothing yet: its Secret before the MPIJob exists."""
+        meta = obj.get("metadata", {})
+        refs = meta.get("ownerReferences") or []
+        launcher = LABEL_OPERATOR_JOB in (meta.get("labels") or {})
+        owners = (self.top_owner, self.launcher_owner) if launcher else (self.top_owner,)
+        return not refs or any((ref.get("apiVersion"), ref.get("kind")) in owners for ref in refs)
 
     def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
         """Without the workers the controller removes once the launcher ended by itself."""

@@ -2,7 +2,7 @@
 
 The plain pods backend starts, follows, reattaches to and tears down a job with exactly the
 permissions of ``POD_BACKEND_RULES`` (the Role docs/guides/rbac.md tells users to bind; a test
-keeps the two equal); each other kind, and each gang setting, adds its own (``KIND_RULES``,
+keeps the two equal); each other kind, and each gang setting, adds its own (``JobKind.rules``,
 ``GANG_RULES``: the same guide's table, kept equal by a test too). The backend asks the API
 server once, before it creates anything, what its credentials may do (a SelfSubjectRulesReview),
 so a Role without one of those verbs fails the task at once, naming the verb, instead of mid-job
@@ -43,18 +43,8 @@ POD_BACKEND_RULES: tuple[dict[str, list[str]], ...] = (
 )
 
 
-# What each kind adds to the Role (its top object; an MPIJob's controller takes over our Secret
-# and ConfigMap, made before it, as their owner: they are updated).
-KIND_RULES: dict[str, tuple[dict[str, list[str]], ...]] = {
-    "pods": (),
-    "volcano": (
-        {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},
-    ),
-    "mpijob": (
-        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},
-        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
-    ),
-}
+Rules = tuple[dict[str, list[str]], ...]
+# What each kind adds to the Role is the kind's own (``JobKind.rules``).
 # What a job with ``progress_timeout`` adds: the hang watchdog asks each pod for its ranks' stacks
 # (``launch.sh stacks`` through the exec API; websocket exec is a `get` before Kubernetes 1.31,
 # a `create` since).
@@ -82,9 +72,10 @@ GANG_RULES: dict[str, tuple[dict[str, list[str]], ...]] = {
 }
 
 
-def build_job_rules(kind: str, gang: str | None) -> tuple[dict[str, list[str]], ...]:
-    """Every rule a job of ``kind`` (and ``gang``, if any) needs: the base Role and what they add."""
-    return (*POD_BACKEND_RULES, *KIND_RULES[kind], *(GANG_RULES[gang] if gang else ()))
+def build_job_rules(kind_rules: Rules, gang: str | None) -> Rules:
+    """Every rule a job needs: the base Role, what its kind adds (``kind_rules``) and what its
+    ``gang`` setting, if any, adds."""
+    return (*POD_BACKEND_RULES, *kind_rules, *(GANG_RULES[gang] if gang else ()))
 
 
 def build_permissions(rules: Iterable[Mapping[str, Any]]) -> tuple[Permission, ...]:

@@ -24,7 +24,7 @@ from airflow_mpi.job.naming import RunIdentity, build_pod_name
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
 from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, config_map_name, render_owner_reference
-from airflow_mpi.kinds.permissions import WATCHDOG_RULES, Permission, build_job_rules, build_permissions
+from airflow_mpi.kinds.permissions import WATCHDOG_RULES, Permission, Rules, build_job_rules, build_permissions
 from airflow_mpi.kinds.registry import KIND_ENTRIES, KIND_OF_BACKEND
 from airflow_mpi.observe.status import PodPhase, PodState, PodTable, pod_state_from_k8s
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
@@ -45,6 +45,14 @@ class QueueCheck:
 
 
 NOT_QUEUED = QueueCheck()
+# How long a custom top object may go without any sign of its controller (no condition, no
+# pods) before the controller is taken to be absent.
+CONTROLLER_GRACE = 60.0
+# The core objects a kind creates beside its top object, by ``kind``.
+CORE_DEPENDENTS: dict[str, GVK] = {
+    "Secret": ("", "v1", "secrets", "Secret"),
+    "ConfigMap": ("", "v1", "configmaps", "ConfigMap"),
+}
 # How long a top object may take to say why the master pod is gone (its controller writes that
 # a moment after the pod goes): the waiting backend and the trigger each wait this long, once.
 CONDITION_WAIT = 2.0
@@ -74,6 +82,8 @@ class JobKind:
     master_generated: ClassVar[bool] = False
     # The top object says why the master pod was deleted (read once, when it is).
     explains_master_deletion: ClassVar[bool] = False
+    # What a job of this kind adds to the base Role (docs/guides/rbac.md's table): its top object.
+    rules: ClassVar[Rules] = ()
 
     @property
     def top_resource(self) -> GVK:
@@ -104,6 +114,14 @@ class JobKind:
         ``redact_secrets``: the keys replaced by a placeholder (what ``airflow-mpi render`` prints)."""
         return render_gang_manifests(plan, namespace, owner_uid=PLACEHOLDER_UID, redact_secrets=redact_secrets)
 
+    def dependent_resource(self, obj: Obj) -> GVK:
+        """The API resource of one of the objects ``render`` gives beside the top object (group
+        "": the core API)."""
+        try:
+            return CORE_DEPENDENTS[obj["kind"]]
+        except KeyError:
+            raise ValueError(f"{self.name} jobs have no {obj.get('kind')!r} objects") from None
+
     def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
         """What makes our objects the top object's dependents (deleted with it)."""
         return render_owner_reference(plan, uid)
@@ -115,7 +133,7 @@ class JobKind:
     def permissions(self, spec: MPIJobSpec) -> tuple[Permission, ...]:
         """Every verb a job of this kind with ``spec`` needs, checked before anything is created."""
         gang = spec.scheduling.gang
-        rules = build_job_rules(self.name, gang.value if gang is not None else None)
+        rules = build_job_rules(self.rules, gang.value if gang is not None else None)
         return build_permissions((*rules, *(WATCHDOG_RULES if spec.progress_timeout is not None else ())))
 
     def render_plan(
@@ -129,6 +147,11 @@ class JobKind:
         their sshd) rather than once they are ready: a controller starts every pod, a gang starts
         whole (``plan`` None: a job adopted without its plan)."""
         return self.controller_makes_pods() or (plan is not None and plan.spec.scheduling.gang is not None)
+
+    def deletion_propagation(self) -> str:
+        """How teardown deletes the top object: ``Foreground``, so that it is gone only once
+        everything it owns is (the wait for it to go is the wait for the whole job)."""
+        return "Foreground"
 
     def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
         """(group, version, plural) of the custom objects named after the job that a kill deletes:
@@ -304,6 +327,28 @@ def kind_of(obj: Obj) -> JobKind:
     top object of their own first, then the one whose objects a Service owns."""
     kinds = sorted(registered_kinds().values(), key=lambda kind: kind.top is None)
     return next((kind for kind in kinds if kind.owns(obj)), kinds[-1])
+
+
+def top_condition(top: Obj | None, kind: str) -> Obj | None:
+    """The top object's condition ``kind`` when its status is True, else None."""
+    for condition in ((top or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def without_cleanup_kills(states: list[PodState], deleting: set[str]) -> list[PodState]:
+    """Pod states without the workers a controller removes once the master has ended by itself
+    (mpi-operator's ``cleanPodPolicy: Running``, JobSet's deletion of the Jobs still active): they
+    are not what decided the job (an evicted or failed worker is kept)."""
+    master = next((state for state in states if state.role is Role.MASTER), None)
+    if master is None or not master.ended or master.reason == "Deleted":
+        return states
+    return [
+        state
+        for state in states
+        if state.role is Role.MASTER or (state.name not in deleting and state.reason != "Deleted")
+    ]
 
 
 def newest_pod(pods: list[Obj]) -> str | None:

@@ -19,17 +19,16 @@ import dataclasses
 from collections.abc import Collection
 
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.job.naming import LABEL_INDEX, job_selector
+from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan, PodPlan
 from airflow_mpi.job.ssh import SshMaterial
 from airflow_mpi.kinds.manifests import (
     PLACEHOLDER_UID,
-    VOLUME_CONFIG,
-    VOLUME_SSH,
     Manifest,
     downward_pod_name,
     render_config_map,
     render_pod,
+    render_pod_template,
     render_secret,
     require_image,
 )
@@ -145,24 +144,18 @@ def _task(plan: JobPlan, first: PodPlan, replicas: int, policies: list[Manifest]
 
 
 def _template(plan: JobPlan, first: PodPlan, namespace: str) -> Manifest:
-    """A task's pod template from the task's first pod: no per-pod name, index or host name
-    (Volcano sets them), our Secret and ConfigMap under their Volcano names."""
-    pod = render_pod(plan, first, namespace, None)
-    metadata = pod["metadata"]
-    labels = dict(metadata["labels"])
-    if first.role is Role.WORKER:
-        labels.pop(LABEL_INDEX, None)
-    pod_spec = pod["spec"]
-    pod_spec.pop("hostname", None)
-    pod_spec.pop("subdomain", None)
-    for volume in pod_spec["volumes"]:
-        if volume["name"] == VOLUME_CONFIG:
-            volume["configMap"]["name"] = volcano_config_map_name(plan.job_name)
-        elif volume["name"] == VOLUME_SSH:
-            volume["secret"]["secretName"] = volcano_secret_name(plan.job_name)
-    container = pod_spec["containers"][0]
+    """A task's pod template (Volcano sets each pod's name, index and host name), every pod's
+    name from the API."""
+    template = render_pod_template(
+        plan,
+        first,
+        namespace,
+        secret=volcano_secret_name(plan.job_name),
+        config_map=volcano_config_map_name(plan.job_name),
+    )
+    container = template["spec"]["containers"][0]
     container["env"] = [downward_pod_name(item) for item in container["env"]]
-    return {"metadata": {"labels": labels, "annotations": dict(metadata["annotations"])}, "spec": pod_spec}
+    return template
 
 
 def without_policy_kills(states: list[PodState], deleting: Collection[str] = ()) -> list[PodState]:
@@ -202,6 +195,7 @@ class VolcanoKind(JobKind):
     name = "volcano"
     top = VOLCANO_JOB
     top_label = "Volcano job"
+    rules = ({"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},)
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The Volcano Job, our Secret, our ConfigMap."""

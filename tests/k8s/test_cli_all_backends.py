@@ -360,8 +360,9 @@ def test_each_backend_claims_its_jobs_objects_by_their_owner() -> None:
     """Our Secret (or a pod) says which backend made the job; an unowned Secret is an MPIJob's
     (that backend alone creates it before its owner)."""
 
-    def owned_by(api_version: str, kind: str) -> dict[str, Any]:
-        return {"metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "j"}]}}
+    def owned_by(api_version: str, kind: str, **labels: str) -> dict[str, Any]:
+        refs = [{"apiVersion": api_version, "kind": kind, "name": "j"}]
+        return {"metadata": {"ownerReferences": refs, "labels": labels}}
 
     assert [
         kind_of(obj).name
@@ -369,7 +370,8 @@ def test_each_backend_claims_its_jobs_objects_by_their_owner() -> None:
             owned_by("v1", "Service"),
             owned_by("batch.volcano.sh/v1alpha1", "Job"),
             owned_by("kubeflow.org/v2beta1", "MPIJob"),
-            owned_by("batch/v1", "Job"),  # the launcher pod, owned by the operator's batch Job
+            # the launcher pod, owned by the operator's batch Job and labelled by it
+            owned_by("batch/v1", "Job", **{"training.kubeflow.org/job-name": "j"}),
             {"metadata": {}},
         )
     ] == ["pods", "volcano", "mpijob", "mpijob", "mpijob"]

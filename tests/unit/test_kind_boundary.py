@@ -81,10 +81,12 @@ def test_an_unknown_kind_or_backend_is_refused_naming_the_known_ones() -> None:
 
 
 def test_an_objects_kind_is_told_by_its_owner_most_specific_first() -> None:
-    def owned_by(api_version: str, kind: str) -> dict[str, object]:
-        return {"metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": kind}]}}
+    def owned_by(api_version: str, kind: str, **labels: str) -> dict[str, object]:
+        return {"metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": kind}], "labels": labels}}
 
     assert kind_of(owned_by("v1", "Service")).name == "pods"
     assert kind_of(owned_by("batch.volcano.sh/v1alpha1", "Job")).name == "volcano"
     assert kind_of(owned_by("kubeflow.org/v2beta1", "MPIJob")).name == "mpijob"
-    assert kind_of(owned_by("batch/v1", "Job")).name == "mpijob"  # the launcher pod's owner
+    launcher = {"training.kubeflow.org/job-name": "j"}  # mpi-operator's label on the launcher pod
+    assert kind_of(owned_by("batch/v1", "Job", **launcher)).name == "mpijob"
+    assert kind_of(owned_by("batch/v1", "Job")).name == "pods"  # another controller's Job: not an MPIJob's

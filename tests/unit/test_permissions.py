@@ -9,7 +9,6 @@ import pytest
 
 from airflow_mpi.kinds.permissions import (
     GANG_RULES,
-    KIND_RULES,
     POD_BACKEND_RULES,
     WATCHDOG_RULES,
     Permission,
@@ -25,9 +24,11 @@ def test_the_documented_role_is_what_the_backend_checks_for() -> None:
 
 
 def test_what_the_guide_says_each_backend_and_gang_adds_is_what_is_checked() -> None:
+    from airflow_mpi.kinds.registry import BACKEND_OF_KIND
+    from airflow_mpi.kinds.strategy import registered_kinds
+
     documented = documented_added_rules()
-    connection_names = {"volcano": "volcano", "mpijob": "mpijob"}  # the kinds with rules of their own
-    expected = {f"backend: {connection_names[k]}": rules for k, rules in KIND_RULES.items() if rules}
+    expected = {f"backend: {BACKEND_OF_KIND[k.name]}": k.rules for k in registered_kinds().values() if k.rules}
     expected.update({f"gang: {gang}": rules for gang, rules in GANG_RULES.items()})
     expected["progress_timeout"] = WATCHDOG_RULES
     assert set(documented) == set(expected)
