@@ -27,6 +27,7 @@ KIND_ENTRIES = (
     KindEntry("pods", "kubernetes", "pods", "airflow_mpi.kinds.strategy:JobKind"),
     KindEntry("volcano", "volcano", "a Volcano Job", "airflow_mpi.kinds.volcano:VolcanoKind"),
     KindEntry("mpijob", "mpijob", "a Kubeflow MPIJob, run by mpi-operator", "airflow_mpi.kinds.mpijob:MPIJobKind"),
+    KindEntry("trainjob", "trainjob", "a Kubeflow Trainer v2 TrainJob", "airflow_mpi.kinds.trainjob:TrainJobKind"),
 )
 KIND_OF_BACKEND = {entry.backend: entry.name for entry in KIND_ENTRIES}
 BACKEND_OF_KIND = {entry.name: entry.backend for entry in KIND_ENTRIES}

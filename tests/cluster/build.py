@@ -1,6 +1,6 @@
 """Builds the real Kubernetes control plane and controllers from their upstream source, through
 the Go module proxy, at pinned versions: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, mpi-operator, Kueue and Volcano.
+kube-scheduler, mpi-operator, Kueue, Volcano, JobSet and Kubeflow Trainer.
 
 Each component is built once per version into ``$AIRFLOW_MPI_CLUSTER_CACHE`` (default
 ``~/.cache/airflow-mpi/k8s``), outside the checkout, so every clone on the machine and CI reuse it.
@@ -108,6 +108,21 @@ COMPONENTS: dict[str, Component] = {
                 "installer/helm/chart/volcano/templates/scheduler.yaml",
                 "installer/helm/chart/volcano/config/volcano-scheduler.conf",
             ),
+        ),
+        # Kubeflow Trainer v2 runs a TrainJob as a JobSet: both controllers, from source.
+        Component(
+            "jobset",
+            "sigs.k8s.io/jobset",
+            "v0.12.0",
+            {"jobset": "sigs.k8s.io/jobset"},
+            assets=("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml", "config/components/rbac/role.yaml"),
+        ),
+        Component(
+            "trainer",
+            "github.com/kubeflow/trainer/v2",
+            "v2.3.0",
+            {"trainer-controller-manager": "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"},
+            assets=("manifests/base/crds/*.yaml", "manifests/base/rbac/role.yaml"),
         ),
         # The node side: what a real Node runs (tests/cluster/nodes.py). runc comes from Debian.
         Component(

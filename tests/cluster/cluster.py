@@ -147,8 +147,8 @@ class Cluster:
     # --- for tests -------------------------------------------------------------------------
 
     def controller(self, name: str) -> Process:
-        """Start a real controller (``mpi-operator``, ``kueue``, ``volcano``) once; later calls
-        return the running one."""
+        """Start a real controller (``mpi-operator``, ``kueue``, ``volcano``, ``jobset``,
+        ``trainer``: with JobSet) once; later calls return the running one."""
         from tests.cluster import controllers, volcano
 
         if name == "volcano":  # three processes; the scheduler stands for them
@@ -158,7 +158,12 @@ class Cluster:
             return self.controllers["vc-scheduler"]
         process = self.controllers.get(name)
         if process is None or not process.alive:
-            starters = {"mpi-operator": controllers.start_mpi_operator, "kueue": controllers.start_kueue}
+            starters = {
+                "mpi-operator": controllers.start_mpi_operator,
+                "kueue": controllers.start_kueue,
+                "jobset": controllers.start_jobset,
+                "trainer": controllers.start_trainer,
+            }
             process = self.controllers[name] = starters[name](self)
         return process
 
@@ -237,7 +242,7 @@ class Cluster:
 # --- `python -m tests.cluster up|down|status` --------------------------------------------------
 
 CHECKOUT_STATE = REPO / ".cluster"
-CONTROLLERS = ("mpi-operator", "volcano", "kueue")  # what `make cluster-up` starts
+CONTROLLERS = ("mpi-operator", "volcano", "kueue", "trainer")  # what `make cluster-up` starts
 
 
 def up(nodes: int = 3) -> int:

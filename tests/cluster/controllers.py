@@ -95,7 +95,7 @@ KUEUE_CONVERTED_CRDS = ("localqueues", "clusterqueues", "cohorts", "workloads", 
 # Its webhook kustomization keeps the pod-level webhooks off these namespaces.
 KUEUE_POD_LEVEL_WEBHOOKS = ("mpod.kb.io", "mdeployment.kb.io", "mstatefulset.kb.io",
                             "vpod.kb.io", "vdeployment.kb.io", "vstatefulset.kb.io")  # fmt: skip
-KUEUE_FRAMEWORKS = ("pod", "kubeflow.org/mpijob")
+KUEUE_FRAMEWORKS = ("pod", "kubeflow.org/mpijob", "trainer.kubeflow.org/trainjob")
 # Kueue reads its metrics serving certificate from this fixed path when it does not manage its
 # certificates itself (cmd/kueue/main.go): it sees it through an overlay on /etc in a mount
 # namespace of its own, so nothing is written to this machine's /etc.
@@ -151,7 +151,7 @@ def install_kueue_crds(api: KubeApi, assets: Path, url: str, ca_bundle: bytes) -
 def kueue_configuration(webhook_port: int, cert_dir: Path, health_port: int, metrics_port: int) -> Obj:
     """Kueue's Configuration: served on loopback with the test CA's certificate, no leader
     election, no certificate management, no visibility server (an aggregated API it would serve
-    on all interfaces), the plain-pod and MPIJob integrations in every namespace but its own and
+    on all interfaces), the plain-pod, MPIJob and TrainJob integrations in every namespace but its own and
     kube-system (its default), jobs without a queue name left alone."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -180,13 +180,25 @@ def kueue_dry_run(api: KubeApi) -> bool:
     return True
 
 
+def integration_crds() -> list[list[Path]]:
+    """The CRDs of the integrations Kueue is started with, of the controllers that are built:
+    Kueue sets up an integration whose CRD is missing only after a back-off."""
+    found = []
+    if is_built(COMPONENTS["mpi-operator"]):
+        found.append([assets_dir(COMPONENTS["mpi-operator"]) / "manifests" / "base" / "kubeflow.org_mpijobs.yaml"])
+    if is_built(COMPONENTS["jobset"]) and is_built(COMPONENTS["trainer"]):
+        jobset = assets_dir(COMPONENTS["jobset"]) / "config" / "components" / "crd" / "bases"
+        found.append([jobset / "jobset.x-k8s.io_jobsets.yaml"])
+        found.append(sorted((assets_dir(COMPONENTS["trainer"]) / "manifests" / "base" / "crds").glob("*.yaml")))
+    return found
+
+
 def start_kueue(cluster: Any) -> Process:
     """Kueue as its release installs it: its CRDs (with their conversion webhook), its ClusterRole
     (manager-role) bound to a ServiceAccount in kueue-system, its webhook configurations
     pointing at it on loopback by URL (a serving certificate for 127.0.0.1 signed by the cluster
-    CA), and the integrations the product uses: plain pods and MPIJobs. The MPIJob CRD is
-    installed first when mpi-operator is built (Kueue sets up an integration whose CRD is missing
-    only after a back-off)."""
+    CA), and the integrations the product uses: plain pods, MPIJobs and TrainJobs, whose CRDs are
+    installed first when their controllers are built (``integration_crds``)."""
     import http.client
     import shutil
 
@@ -211,9 +223,8 @@ def start_kueue(cluster: Any) -> Process:
         shutil.copyfile(serving.cert, directory / "tls.crt")
         shutil.copyfile(serving.key, directory / "tls.key")
 
-    mpijob_crd = assets_dir(COMPONENTS["mpi-operator"]) / "manifests" / "base" / "kubeflow.org_mpijobs.yaml"
-    if is_built(COMPONENTS["mpi-operator"]):
-        install_crds(api, [mpijob_crd])
+    for crds in integration_crds():
+        install_crds(api, crds)
     install_kueue_crds(api, assets, url, pki.ca_pem)
     ensure_namespace(api, KUEUE_NAMESPACE)
     (role,) = [d for d in yaml_documents(assets / "rbac" / "role.yaml") if d["metadata"]["name"] == "manager-role"]
@@ -257,4 +268,118 @@ def start_kueue(cluster: Any) -> Process:
             api.delete(f"/apis/admissionregistration.k8s.io/v1/{WEBHOOK_KINDS[configuration['kind']]}/"
                        f"{configuration['metadata']['name']}")  # fmt: skip
         raise
+    return process
+
+
+# --- JobSet and Kubeflow Trainer -------------------------------------------------------------
+
+JOBSET_NAMESPACE = "jobset-system"
+TRAINER_NAMESPACE = "kubeflow-system"
+
+
+def _health(port: int) -> bool:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/readyz")
+        return connection.getresponse().status == 200
+    finally:
+        connection.close()
+
+
+def _serving_pair(cluster: Any, name: str, directory: Path) -> None:
+    """A webhook serving certificate for 127.0.0.1 signed by the test CA, as ``tls.crt`` and
+    ``tls.key`` in ``directory``: both managers start their webhook server whatever their
+    configuration says, and exit without one. No webhook configuration points at them (the
+    product refuses what they would, before it creates anything)."""
+    import shutil
+
+    serving = cluster.plane.pki.issue(name, name, server_ips=("127.0.0.1",), client=False)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    shutil.copyfile(serving.cert, directory / "tls.crt")
+    shutil.copyfile(serving.key, directory / "tls.key")
+
+
+def start_jobset(cluster: Any) -> Process:
+    """The JobSet controller with its CRD and ClusterRole: no leader election (on by default, and
+    out of cluster it has no namespace to elect in), no certificate management, its webhook
+    server, health and metrics on ports of its own."""
+    from tests.cluster.controlplane import free_port
+
+    component = COMPONENTS["jobset"]
+    if not is_built(component):
+        raise RuntimeError("jobset is not built: run `make cluster-build`")
+    assets = assets_dir(component) / "config" / "components"
+    api = cluster.api()
+    install_crds(api, [assets / "crd" / "bases" / "jobset.x-k8s.io_jobsets.yaml"])
+    (role,) = [d for d in yaml_documents(assets / "rbac" / "role.yaml") if d["kind"] == "ClusterRole"]
+    ensure_namespace(api, JOBSET_NAMESPACE)
+    kubeconfig = cluster.bind_service_account(JOBSET_NAMESPACE, "jobset-controller", role,
+                                              cluster.workdir / "jobset.kubeconfig")  # fmt: skip
+    work = cluster.workdir / "jobset"
+    _serving_pair(cluster, "jobset-webhook", work / "certs")
+    health = free_port()
+    config = {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"host": "127.0.0.1", "port": free_port(), "certDir": str(work / "certs")},
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+        "clientConnection": {"qps": 50, "burst": 100},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    process = Process(
+        "jobset",
+        [str(bin_dir(component) / "jobset"), f"--config={work / 'config.yaml'}", f"--kubeconfig={kubeconfig}"],
+        cluster.workdir / "logs" / "jobset.log",
+    )
+    process.start()
+    wait_for("the JobSet controller ready", lambda: _health(health), 90, process)
+    return process
+
+
+def start_trainer(cluster: Any) -> Process:
+    """The Kubeflow Trainer v2 controller manager with its CRDs and ClusterRole, after JobSet
+    (it watches JobSets, and exits when their CRD is missing). It has no setting for its
+    webhook certificate's directory: controller-runtime's default under ``$TMPDIR``, here a
+    directory of the cluster's own."""
+    from tests.cluster.controlplane import free_port
+
+    component = COMPONENTS["trainer"]
+    if not is_built(component):
+        raise RuntimeError("trainer is not built: run `make cluster-build`")
+    cluster.controller("jobset")
+    assets = assets_dir(component) / "manifests" / "base"
+    api = cluster.api()
+    install_crds(api, sorted((assets / "crds").glob("*.yaml")))
+    (role,) = [d for d in yaml_documents(assets / "rbac" / "role.yaml") if d["kind"] == "ClusterRole"]
+    ensure_namespace(api, TRAINER_NAMESPACE)
+    kubeconfig = cluster.bind_service_account(TRAINER_NAMESPACE, "kubeflow-trainer", role,
+                                              cluster.workdir / "trainer.kubeconfig")  # fmt: skip
+    work = cluster.workdir / "trainer"
+    _serving_pair(cluster, "trainer-webhook", work / "tmp" / "k8s-webhook-server" / "serving-certs")
+    health = free_port()
+    config = {
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+        "kind": "Configuration",
+        "certManagement": {"enable": False},
+        "webhook": {"host": "127.0.0.1", "port": free_port()},
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+        "statusServer": {"port": free_port()},
+        "clientConnection": {"qps": 50, "burst": 100},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    process = Process(
+        "trainer",
+        [str(bin_dir(component) / "trainer-controller-manager"), f"--config={work / 'config.yaml'}",
+         f"--kubeconfig={kubeconfig}"],
+        cluster.workdir / "logs" / "trainer.log",
+        env=dict(os.environ, TMPDIR=str(work / "tmp")),
+    )  # fmt: skip
+    process.start()
+    wait_for("the Trainer controller manager ready", lambda: _health(health), 120, process)
     return process

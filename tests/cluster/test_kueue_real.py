@@ -1,6 +1,7 @@
 """The product's Kueue paths with the real Kueue (built from its module, run with its own CRDs,
-ClusterRole and webhooks): a plain-pod group (``gang: kueue``) and an MPIJob (Kueue's MPIJob
-integration) wait in a LocalQueue whose ClusterQueue has no quota, start when the quota is
+ClusterRole and webhooks): a plain-pod group (``gang: kueue``), an MPIJob (Kueue's MPIJob
+integration) and a TrainJob (its TrainJob integration, with the real Trainer and JobSet) wait in
+a LocalQueue whose ClusterQueue has no quota, start when the quota is
 raised, and fail on ``scheduling.queue_timeout`` while held; nothing of theirs is left, Kueue's
 Workload included."""
 
@@ -30,6 +31,9 @@ KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 QUEUE = "training"
 WORKERS = 2  # + the master: 3 pods of 1 CPU each
 LEFT = (*CORE_LEFT, "/apis/batch/v1/namespaces/{ns}/jobs", "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs",
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs",
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainingruntimes",
+        "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets",
         KUEUE + "/namespaces/{ns}/workloads")  # fmt: skip
 PROGRAM = (
     "from mpi4py import MPI; import json; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
@@ -87,6 +91,12 @@ def queues(cluster: Cluster, namespace: str) -> Iterator[Queues]:
 @pytest.fixture
 def operator(cluster: Cluster) -> Cluster:
     cluster.controller("mpi-operator")
+    return cluster
+
+
+@pytest.fixture
+def trainer(cluster: Cluster) -> Cluster:
+    cluster.controller("trainer")
     return cluster
 
 
@@ -156,6 +166,12 @@ def pods_backend(cluster: Cluster, namespace: str, **fields: Any) -> tuple[Kuber
 def mpijob_backend(cluster: Cluster, namespace: str, **fields: Any) -> tuple[KubernetesBackend, Any]:
     return make(
         KubernetesBackend(kind="mpijob", api_client=api_client(cluster.kubeconfig), namespace=namespace), **fields
+    )
+
+
+def trainjob_backend(cluster: Cluster, namespace: str, **fields: Any) -> tuple[KubernetesBackend, Any]:
+    return make(
+        KubernetesBackend(kind="trainjob", api_client=api_client(cluster.kubeconfig), namespace=namespace), **fields
     )
 
 
@@ -267,3 +283,42 @@ def test_a_failing_rank_in_an_admitted_pod_group_is_named(cluster: Cluster, name
         JobRunner(backend, plan, log).run()
     assert (caught.value.rank, caught.value.exit_code) == (2, 3), log
     assert left(cluster.api(), namespace) == []
+
+
+def test_a_trainjob_waits_for_quota_then_runs(trainer: Cluster, namespace: str, queues: Queues) -> None:
+    api = trainer.api()
+    backend, plan = trainjob_backend(trainer, namespace, scheduling={"queue": QUEUE})
+
+    def look() -> dict[str, Any]:
+        trainjob = api.get(f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{plan.job_name}")
+        return {"trainjob": trainjob, "workloads": workloads(api, namespace), "pods": pods(api, namespace)}
+
+    act = raise_quota_once_held(queues, look)
+    log = Log()
+    suspended = f"queued: TrainJob suspended in queue '{QUEUE}' until it is admitted"
+    thread = when_logged(log, suspended, act)
+    result = JobRunner(backend, plan, log).run()
+    thread.join()
+    seen = act.seen  # type: ignore[attr-defined]
+    assert result.exit_code == 0 and result.result == {"sum": 6, "size": WORKERS + 1}, log
+    assert any(WAITS in line and suspended in line for line in log), log
+    # Held by Kueue: the TrainJob suspended by its webhook, no pods, its Workload without quota.
+    assert seen["trainjob"]["spec"]["suspend"] is True, seen["trainjob"]
+    assert seen["pods"] == []
+    (workload,) = seen["workloads"]
+    assert workload["metadata"]["ownerReferences"][0]["name"] == plan.job_name
+    assert condition(workload, "QuotaReserved") != "True" and condition(workload, "Admitted") != "True", workload
+    assert left(api, namespace) == []
+
+
+def test_a_trainjob_past_queue_timeout_fails(trainer: Cluster, namespace: str, queues: Queues) -> None:
+    api = trainer.api()
+    backend, plan = trainjob_backend(trainer, namespace, scheduling={"queue": QUEUE, "queue_timeout": 5})
+    log = Log()
+    started = time.monotonic()
+    with workloads_seen(api, namespace) as seen, pytest.raises(JobTimeout, match="queue_timeout") as caught:
+        JobRunner(backend, plan, log).run()
+    assert time.monotonic() - started < 5 + 40
+    assert plan.job_name in str(caught.value) and any(WAITS in line for line in log), log
+    assert len(seen) == 1 and next(iter(seen)).startswith(f"trainjob-{plan.job_name}-"), seen
+    assert left(api, namespace) == []

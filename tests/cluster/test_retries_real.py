@@ -1,5 +1,6 @@
 """A retry after the task process was SIGKILLed, on the real control plane, for each backend
-(plain pods, MPIJob under the real mpi-operator, Volcano Job under real Volcano): the second try
+(plain pods, MPIJob under the real mpi-operator, Volcano Job under real Volcano, TrainJob under
+the real Trainer and JobSet): the second try
 reattaches to the job the first left and its log goes on exactly where the first stopped."""
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ def steps(lines: list[str]) -> list[str]:
 
 
 # The backend and the controller its top object needs (None: core objects only).
-BACKENDS = {"kubernetes": None, "mpijob": "mpi-operator", "volcano": "volcano"}
+BACKENDS = {"kubernetes": None, "mpijob": "mpi-operator", "volcano": "volcano", "trainjob": "trainer"}
 TOP_OBJECTS = {"mpijob": "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs",
-               "volcano": "/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs"}  # fmt: skip
+               "volcano": "/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs",
+               "trainjob": "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs"}  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

@@ -123,7 +123,7 @@ def test_the_connection_form_offers_every_backend_the_hook_accepts(monkeypatch: 
     assert response.status_code == 200
     (meta,) = [m for m in response.json() if m["connection_type"] == "mpi"]
     backend = meta["extra_fields"]["backend"]
-    assert backend["schema"]["enum"] == list(BACKENDS) == ["local", "kubernetes", "volcano", "mpijob"]
+    assert backend["schema"]["enum"] == list(BACKENDS) == ["local", "kubernetes", "volcano", "mpijob", "trainjob"]
     assert backend["value"] == DEFAULT_BACKEND == "local"
     assert backend["schema"]["type"] == "string"  # no null, so no "null" option
     for kind in BACKENDS:

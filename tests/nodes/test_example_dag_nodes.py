@@ -50,10 +50,12 @@ def example_dag(dag_id: str) -> Any:
         ("kubernetes", "mpi_training_pipeline", False),
         ("mpijob", "mpi_training_pipeline", False),
         ("volcano", "mpi_training_pipeline", False),
+        ("trainjob", "mpi_training_pipeline", False),
         ("kubernetes", "mpi_training_pipeline", True),
+        ("trainjob", "mpi_training_pipeline", True),
         ("kubernetes", "mpi_training_taskflow", False),
     ],
-    ids=["pods", "mpijob", "volcano", "pods-deferred", "taskflow"],
+    ids=["pods", "mpijob", "volcano", "trainjob", "pods-deferred", "trainjob-deferred", "taskflow"],
 )
 def test_the_example_dag_trains_in_the_built_image_on_three_nodes(
     airflow_db: None,
@@ -65,10 +67,10 @@ def test_the_example_dag_trains_in_the_built_image_on_three_nodes(
     dag_id: str,
     deferrable: bool,
 ) -> None:
-    """Through the real mpi-operator and real Volcano as well: their controllers make the pods,
-    the real kubelets run them."""
+    """Through the real mpi-operator, real Volcano and the real Trainer with JobSet as well: their
+    controllers make the pods, the real kubelets run them."""
     if backend != "kubernetes":  # the plain pods backend
-        cluster.controller({"mpijob": "mpi-operator", "volcano": "volcano"}[backend])
+        cluster.controller({"mpijob": "mpi-operator", "volcano": "volcano", "trainjob": "trainer"}[backend])
     if deferrable:
         monkeypatch.setenv("MPI_DEMO_DEFERRABLE", "1")
     install_connections(monkeypatch, cluster.kubeconfig, namespace, mpi_conn_id="mpi_default", backend=backend)

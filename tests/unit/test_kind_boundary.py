@@ -74,9 +74,11 @@ def test_the_registry_names_every_kind_and_backend_once() -> None:
 
 
 def test_an_unknown_kind_or_backend_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown job kind 'trainjob': one of pods, volcano, mpijob"):
-        job_kind("trainjob")
-    with pytest.raises(ValueError, match=r"unknown Kubernetes backend 'pods': one of kubernetes, volcano, mpijob"):
+    with pytest.raises(ValueError, match=r"unknown job kind 'jobset': one of pods, volcano, mpijob, trainjob"):
+        job_kind("jobset")
+    with pytest.raises(
+        ValueError, match=r"unknown Kubernetes backend 'pods': one of kubernetes, volcano, mpijob, trainjob"
+    ):
         kind_for_backend("pods")
 
 
@@ -89,4 +91,7 @@ def test_an_objects_kind_is_told_by_its_owner_most_specific_first() -> None:
     assert kind_of(owned_by("kubeflow.org/v2beta1", "MPIJob")).name == "mpijob"
     launcher = {"training.kubeflow.org/job-name": "j"}  # mpi-operator's label on the launcher pod
     assert kind_of(owned_by("batch/v1", "Job", **launcher)).name == "mpijob"
-    assert kind_of(owned_by("batch/v1", "Job")).name == "pods"  # another controller's Job: not an MPIJob's
+    assert kind_of(owned_by("trainer.kubeflow.org/v1alpha1", "TrainJob")).name == "trainjob"
+    jobset_pod = {"jobset.sigs.k8s.io/jobset-name": "j"}  # a TrainJob's pods are its JobSet's Jobs'
+    assert kind_of(owned_by("batch/v1", "Job", **jobset_pod)).name == "trainjob"
+    assert kind_of(owned_by("batch/v1", "Job")).name == "pods"  # another controller's Job: neither's

@@ -36,7 +36,7 @@ with DAG("mpi_test_real", schedule=None, start_date=START, catchup=False):
 
 # The deferred path on the controllers' kinds (tests/cluster/test_deferred_kinds_real.py): the
 # trigger reads the pods as each kind does and follows the master's log (an MPIJob's: the launcher
-# Job's own pod), through the connections ``mpi_real_volcano`` and ``mpi_real_mpijob``.
+# Job's own pod; a TrainJob's: its master Job's), through the connections ``mpi_real_<kind>``.
 LIVE_JOB = {
     **REAL_JOB,
     "command": [
@@ -48,7 +48,7 @@ FAILING_RANK = [sys.executable, "-m", "mpi4py", "-c",
                 "from mpi4py import MPI; import sys\nif MPI.COMM_WORLD.rank == 2: sys.exit(3)\nMPI.COMM_WORLD.Barrier()\n"]  # fmt: skip
 
 with DAG("mpi_test_real_kinds", schedule=None, start_date=START, catchup=False):
-    for kind in ("volcano", "mpijob"):
+    for kind in ("volcano", "mpijob", "trainjob"):
         MPIJobOperator(task_id=f"{kind}_ok", job={**LIVE_JOB, "name": f"{kind[:3]}ok"},
                        mpi_conn_id=f"mpi_real_{kind}", deferrable=True, retries=0)  # fmt: skip
         MPIJobOperator(task_id=f"{kind}_rank", job={**REAL_JOB, "name": f"{kind[:3]}rank", "command": FAILING_RANK},
