@@ -41,13 +41,12 @@ from airflow_mpi.kinds.strategy import (
     CONTROLLER_GRACE,
     JobKind,
     Obj,
-    QueueCheck,
-    newest_pod,
+    event_message,
     top_condition,
     without_cleanup_kills,
 )
 from airflow_mpi.kinds.volcano import share_worker_host_key
-from airflow_mpi.observe.status import PodState, pod_state_from_k8s
+from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, HostsMode, MPIJobSpec, Role
 from airflow_mpi.spec.formats import DNS_LABEL
 
@@ -277,10 +276,7 @@ def describe_mpijob_wait(mpijob: Manifest | None, pods_exist: bool) -> str | Non
 
 def describe_validation_event(events: list[Manifest]) -> str | None:
     """The controller's ``ValidationError`` event message (it sets no condition), or None."""
-    for event in events:
-        if event.get("reason") == "ValidationError":
-            return str(event.get("message") or "ValidationError")
-    return None
+    return event_message(events, "ValidationError")
 
 
 class MPIJobKind(JobKind):
@@ -332,29 +328,12 @@ class MPIJobKind(JobKind):
         """The MPIJob's ``Failed`` condition (e.g. the launcher Job's ``DeadlineExceeded``)."""
         return describe_mpijob_failure(top)
 
-    def listed_states(self, pods: list[Obj]) -> list[PodState]:
-        """The newest launcher pod as the master (the batch Job replaces one that failed)."""
-        states = [pod_state_from_k8s(pod) for pod in pods]
-        launchers = [pod for pod, state in zip(pods, states, strict=True) if state.role is Role.MASTER]
-        newest = newest_pod(launchers)
-        kept = [state for state in states if state.role is not Role.MASTER or state.name == newest]
-        deleting = {pod["metadata"]["name"] for pod in pods if pod["metadata"].get("deletionTimestamp")}
-        return self.observe(kept, deleting)
+    def master_name(self, job_name: str) -> str:
+        return launcher_name(job_name)
 
-    def master_pod(self, job_name: str, pods: list[Obj]) -> str:
-        """The newest launcher pod (``<job>-launcher-<random>``), or the launcher's name if none."""
-        launchers = [pod for pod in pods if pod["metadata"]["name"].startswith(f"{launcher_name(job_name)}-")]
-        return newest_pod(launchers) or launcher_name(job_name)
-
-    def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
-        """Queued while the MPIJob is suspended (Kueue has not admitted it) or has no pods yet
-        (its gang waits); failed at once when the MPIJob failed before any pod existed."""
-        if pods:  # a gang's pods wait unscheduled; others are not queued (startup_timeout holds)
-            return super().queue_check(gang, queue, pods, top)
-        failure = describe_mpijob_failure(top)
-        if failure is not None:
-            return QueueCheck(failure=failure)
-        return QueueCheck(reason=describe_mpijob_wait(top, False))
+    def top_wait(self, top: Obj | None) -> str | None:
+        """Suspended (Kueue has not admitted it) or without pods yet (its gang waits)."""
+        return describe_mpijob_wait(top, False)
 
     def reads_events_to_queue(self, top: Obj | None) -> bool:
         """An MPIJob with no condition yet: mpi-operator refuses an invalid one only with an event."""

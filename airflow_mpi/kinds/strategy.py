@@ -226,14 +226,26 @@ class JobKind:
         return master, roles
 
     def listed_states(self, pods: list[Obj]) -> list[PodState]:
-        """The deciding states from the pods as listed (no watch: the cluster CLI)."""
+        """The deciding states from the pods as listed (no watch: the cluster CLI); a generated
+        master's newest pod is the master (its batch Job replaces one that failed)."""
         states = [pod_state_from_k8s(pod) for pod in pods]
+        if self.master_generated:
+            newest = newest_pod([pod for pod, state in zip(pods, states, strict=True) if state.role is Role.MASTER])
+            states = [state for state in states if state.role is not Role.MASTER or state.name == newest]
         deleting = {pod["metadata"]["name"] for pod in pods if pod["metadata"].get("deletionTimestamp")}
         return self.observe(states, deleting)
 
-    def master_pod(self, job_name: str, pods: list[Obj]) -> str:
-        """The pod whose log is the job's (``pods``: those ``master_selector`` lists, if any)."""
+    def master_name(self, job_name: str) -> str:
+        """The master's name in the plan, which is its host name: ``<job>-master-0``."""
         return build_pod_name(job_name, Role.MASTER, 0)
+
+    def master_pod(self, job_name: str, pods: list[Obj]) -> str:
+        """The pod whose log is the job's: the master's own, or a generated master's newest pod
+        (``<master>-<random>``, among ``pods``: those ``master_selector`` lists), or its name if none."""
+        name = self.master_name(job_name)
+        if not self.master_generated:
+            return name
+        return newest_pod([pod for pod in pods if pod["metadata"]["name"].startswith(f"{name}-")]) or name
 
     def master_pod_now(self, table: PodTable, master: str) -> str | None:
         """The master's own pod as the watch sees it: ``master`` once seen, or a generated
@@ -258,12 +270,21 @@ class JobKind:
 
     def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
         """Whether the job waits for admission (``gang``: it has a gang setting; ``queue``: the
-        queue it names): a gang's pods say so (unschedulable or gated,
-        none scheduled). A job without a gang is never queued: ``startup_timeout`` covers
-        unschedulable pods."""
+        queue it names). A controller's job without pods yet waits as its top object says
+        (``top_wait``), or never starts when that failed already; once there are pods, a gang's
+        say so (unschedulable or gated, none scheduled). A job without a gang is never queued:
+        ``startup_timeout`` covers unschedulable pods."""
+        if self.controller_makes_pods() and not pods:
+            failure = self.master_gone_failure(top)
+            return QueueCheck(failure=failure) if failure is not None else QueueCheck(reason=self.top_wait(top))
         if not gang:
             return NOT_QUEUED
         return QueueCheck(reason=describe_group_wait(pods, queue))
+
+    def top_wait(self, top: Obj | None) -> str | None:
+        """Why a controller's job has no pods yet, as its top object says (suspended in a
+        queue, not yet seen by the controller ...); None: it does not wait."""
+        return None
 
     def reads_events_to_queue(self, top: Obj | None) -> bool:
         """Whether the controller's events may tell why the job never starts."""
@@ -334,6 +355,15 @@ def top_condition(top: Obj | None, kind: str) -> Obj | None:
     for condition in ((top or {}).get("status") or {}).get("conditions") or []:
         if condition.get("type") == kind and condition.get("status") == "True":
             return dict(condition)
+    return None
+
+
+def event_message(events: list[Obj], reason: str) -> str | None:
+    """The message of the first event with ``reason`` (a controller that refuses an object may
+    say so only in an event: no condition), or None."""
+    for event in events:
+        if event.get("reason") == reason:
+            return str(event.get("message") or reason)
     return None
 
 

@@ -45,13 +45,12 @@ from airflow_mpi.kinds.strategy import (
     GVK,
     JobKind,
     Obj,
-    QueueCheck,
-    newest_pod,
+    event_message,
     top_condition,
     without_cleanup_kills,
 )
 from airflow_mpi.kinds.volcano import share_worker_host_key
-from airflow_mpi.observe.status import PodState, pod_state_from_k8s
+from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
@@ -276,10 +275,7 @@ def describe_trainjob_wait(trainjob: Manifest | None) -> str | None:
 
 def describe_creation_failure(events: list[Manifest]) -> str | None:
     """Trainer's ``TrainJobResourcesCreationFailed`` event message (it sets no condition), or None."""
-    for event in events:
-        if event.get("reason") == "TrainJobResourcesCreationFailed":
-            return str(event.get("message") or "TrainJobResourcesCreationFailed")
-    return None
+    return event_message(events, "TrainJobResourcesCreationFailed")
 
 
 class TrainJobKind(JobKind):
@@ -329,33 +325,15 @@ class TrainJobKind(JobKind):
         """The TrainJob's ``Failed`` condition (a Job of its JobSet failed, or its deadline)."""
         return describe_trainjob_failure(top)
 
-    def listed_states(self, pods: list[Obj]) -> list[PodState]:
-        """The newest master pod as the master."""
-        states = [pod_state_from_k8s(pod) for pod in pods]
-        masters = [pod for pod, state in zip(pods, states, strict=True) if state.role is Role.MASTER]
-        newest = newest_pod(masters)
-        kept = [state for state in states if state.role is not Role.MASTER or state.name == newest]
-        deleting = {pod["metadata"]["name"] for pod in pods if pod["metadata"].get("deletionTimestamp")}
-        return self.observe(kept, deleting)
-
-    def master_pod(self, job_name: str, pods: list[Obj]) -> str:
-        """The newest pod of the master's Job (``<job>-master-0-0-<random>``), or its host name."""
-        host = master_host_name(job_name)
-        masters = [pod for pod in pods if pod["metadata"]["name"].startswith(f"{host}-")]
-        return newest_pod(masters) or host
+    def master_name(self, job_name: str) -> str:
+        return master_host_name(job_name)
 
     def master_selector(self, job_name: str) -> str:
         return master_selector(job_name)
 
-    def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
-        """Queued while the TrainJob is suspended (Kueue has not admitted it) or has no pods yet;
-        failed at once when it failed before any pod existed."""
-        if pods:
-            return super().queue_check(gang, queue, pods, top)
-        failure = describe_trainjob_failure(top)
-        if failure is not None:
-            return QueueCheck(failure=failure)
-        return QueueCheck(reason=describe_trainjob_wait(top))
+    def top_wait(self, top: Obj | None) -> str | None:
+        """Suspended (Kueue has not admitted it), or not yet run as a JobSet with pods."""
+        return describe_trainjob_wait(top)
 
     def reads_events_to_queue(self, top: Obj | None) -> bool:
         """A TrainJob not yet run as a JobSet: Trainer says why it cannot only in an event."""
