@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, Union, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, Union, cast, get_args, get_type_hints
 
 if TYPE_CHECKING:
     from airflow_mpi.exceptions import JobFailed
@@ -303,8 +303,6 @@ def _legacy(event: JobEvent) -> Outcome:
     return cast("Outcome", {**built, **shown})
 
 
-_KINDS: Final = frozenset(
-    {READY, FINISHED, POD_FAILED, RANK_FAILED, HUNG, NEVER_STARTS, QUEUE_TIMEOUT, STARTUP_TIMEOUT, JOB_TIMEOUT,
-     API_REFUSED, API_UNREACHABLE}
-)  # fmt: skip
+# Every outcome's tag, as the union's members declare it.
+_KINDS: Final = frozenset(get_args(get_type_hints(member)["outcome"])[0] for member in get_args(Outcome))
 _ENVELOPE_KEYS: Final = frozenset(Envelope.__annotations__)

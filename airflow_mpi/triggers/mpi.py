@@ -65,16 +65,9 @@ class MPIJobTrigger(BaseTrigger):
         stored by an earlier version comes back with the same fields as keyword arguments."""
         super().__init__()  # type: ignore[no-untyped-call]
         wait = WaitContract.from_dict(contract if contract is not None else {"api_timeout": API_TIMEOUT, **stored})
-        self.contract = wait
-        self.job_name = wait.job_name
-        self.namespace = wait.namespace
-        self.wait_for = wait.wait_for
+        self.contract = wait  # read where it is needed; only the deadlines below move
+        self.job_name, self.namespace = wait.job_name, wait.namespace  # in every request and message
         self.deadline = wait.deadline  # epoch seconds; moves on while the job is queued
-        self.worker_pods = list(wait.worker_pods)
-        self.master_pod = wait.master_pod
-        self.timeout = wait.timeout  # what the deadline stands for, for the message
-        self.ssh_port = wait.ssh_port
-        self.api_timeout = wait.api_timeout  # seconds the API may go without answering
         # The job kind (``kinds``): the same functions read its pods as the waiting backend's.
         self.kind = job_kind(wait.kind)
         # A job may wait for admission (a gang, a queue): the deadline moves on while it does,
@@ -82,15 +75,11 @@ class MPIJobTrigger(BaseTrigger):
         self.queue_clock = QueueClock(wait.queue_timeout, start=wait.created_at)
         self._watch_loop = WatchLoop(first_backoff=0.2)  # the pods as the watch sees them
         self.beyond_pods = KindReads(self.kind, wait.job_name, wait.namespace, wait.master_pod, wait.created_at)
-        # Waiting for the end, the master's log is followed into the task log (an
-        # ``OutputPlan`` as primitives; None: not followed) after ``skip_lines`` whole lines
-        # this task's log already holds (a retry that reattached goes on where its try stopped).
-        self.master_log = dict(wait.master_log) if wait.master_log else None
         # Waiting for the end of a job whose master started with its workers: every worker must
         # be Ready (sshd answering its readiness probe) within ``startup_timeout``, as the waiting
         # path's sensor requires. Counted from this trigger's start (a trigger started again by
-        # another triggerer gives the workers the whole bound again: never a wrong kill).
-        self.startup_timeout = wait.startup_timeout
+        # another triggerer gives the workers the whole bound again: never a wrong kill); it
+        # moves on while the job is queued, and is lifted once every worker was Ready.
         self.startup_deadline = (
             time.time() + wait.startup_timeout if wait.startup_timeout and wait.wait_for == WAIT_FINISHED else None
         )
@@ -103,9 +92,9 @@ class MPIJobTrigger(BaseTrigger):
 
     @property
     def roles(self) -> dict[str, Role]:
-        roles = dict.fromkeys(self.worker_pods, Role.WORKER)
-        if self.wait_for == WAIT_FINISHED:
-            roles[self.master_pod] = Role.MASTER
+        roles = dict.fromkeys(self.contract.worker_pods, Role.WORKER)
+        if self.contract.wait_for == WAIT_FINISHED:
+            roles[self.contract.master_pod] = Role.MASTER
         return roles
 
     def decide(self, table: PodTable) -> Outcome | None:
@@ -126,30 +115,36 @@ class MPIJobTrigger(BaseTrigger):
                 self.log.info("%s", note)
             if self.queue_clock.expired(now):
                 return events.queue_timeout(self.queue_clock.timeout_message(self.job_name, queued, now))
-            self.deadline = max(self.deadline, now + self.timeout)  # queued is not stuck
-            if self.startup_deadline is not None and self.startup_timeout:
-                self.startup_deadline = max(self.startup_deadline, now + self.startup_timeout)
+            self.deadline = max(self.deadline, now + self.contract.timeout)  # queued is not stuck
+            if self.startup_deadline is not None and self.contract.startup_timeout:
+                self.startup_deadline = max(self.startup_deadline, now + self.contract.startup_timeout)
             return None
         deleting = {name for name, pod in table.pods.items() if pod["metadata"].get("deletionTimestamp")}
-        states = kind.deciding_states(self.master_pod, table.states(self.roles), deleting, seen.master_gone_failure)
+        states = kind.deciding_states(
+            self.contract.master_pod, table.states(self.roles), deleting, seen.master_gone_failure
+        )
         if self._master_ended is not None and any(s.role is Role.MASTER and s.ended for s in states):
             self._master_ended.set()  # the log follow may stop at the end of its stream
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
-            starting = self.startup_deadline is not None or self.wait_for == WAIT_READY  # before every worker was Ready
+            starting = (
+                self.startup_deadline is not None or self.contract.wait_for == WAIT_READY
+            )  # before every worker was Ready
             return events.pod_failed(status.failed_pod, status.exit_code, status.reason, starting=starting)
-        if self.wait_for == WAIT_READY and status.phase is JobPhase.READY:
+        if self.contract.wait_for == WAIT_READY and status.phase is JobPhase.READY:
             return events.ready()
         not_started = self._still_starting(states, now)
         if not_started is not None:
             return not_started
-        if self.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
+        if self.contract.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
             return events.finished()
         if time.time() >= self.deadline:
-            if self.wait_for == WAIT_READY:
+            if self.contract.wait_for == WAIT_READY:
                 probes = probes_from_states(self.job_name, states, self.roles)
-                return events.startup_timeout(summarize_not_ready(probes, self.timeout, self.ssh_port))
-            return events.job_timeout(f"the job ran past its timeout of {self.timeout:.0f}s")
+                return events.startup_timeout(
+                    summarize_not_ready(probes, self.contract.timeout, self.contract.ssh_port)
+                )
+            return events.job_timeout(f"the job ran past its timeout of {self.contract.timeout:.0f}s")
         return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -157,7 +152,7 @@ class MPIJobTrigger(BaseTrigger):
         from kubernetes_asyncio.client import CoreV1Api
 
         async with shared_api_client(self.contract.kubernetes_conn_id) as api_client:
-            if self.master_log is not None and self.wait_for == WAIT_FINISHED:
+            if self.contract.master_log is not None and self.contract.wait_for == WAIT_FINISHED:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
                     if self._records is not None and outcome["outcome"] == events.API_UNREACHABLE:
@@ -179,10 +174,12 @@ class MPIJobTrigger(BaseTrigger):
         from airflow_mpi.triggers.logfollow import MasterLogFollower, budget_for_loop
         from airflow_mpi.triggers.logshown import ShownLines
 
-        assert self.master_log is not None
-        view = OutputPlan.from_dict(self.master_log)
+        assert self.contract.master_log is not None
+        view = OutputPlan.from_dict(self.contract.master_log)
         config_map = self.kind.config_map_name(self.job_name)
-        mark = ShownLines(api_client, self.namespace, config_map, self.contract.try_number, timeout=self.api_timeout)
+        mark = ShownLines(
+            api_client, self.namespace, config_map, self.contract.try_number, timeout=self.contract.api_timeout
+        )
         records = self._records = MasterRecords(lambda: output.lines_read, shown=mark)
         output = MasterOutput(view, records.info, records.warning, skip_lines=self.contract.skip_lines)
         self._master_ended = asyncio.Event()
@@ -242,7 +239,7 @@ class MPIJobTrigger(BaseTrigger):
     async def _wait(self, core: Any, api_client: Any) -> Outcome:
         """Watch until the pods decide, the deadline passes, the API refuses, or the API has not
         answered for ``api_timeout`` seconds; each round runs under whichever comes first."""
-        silence = ApiSilence(str(api_client.configuration.host), self.api_timeout)
+        silence = ApiSilence(str(api_client.configuration.host), self.contract.api_timeout)
         since = time.monotonic()
         loop = self._watch_loop
         selector = job_selector(self.job_name)
@@ -330,10 +327,12 @@ class MPIJobTrigger(BaseTrigger):
             return None
         if now < self.startup_deadline:
             return None
-        return events.startup_timeout(summarize_not_ready(probes, float(self.startup_timeout or 0), self.ssh_port))
+        return events.startup_timeout(
+            summarize_not_ready(probes, float(self.contract.startup_timeout or 0), self.contract.ssh_port)
+        )
 
     def _master_pod_now(self) -> str | None:
-        return self.kind.master_pod_now(self._watch_loop.table, self.master_pod)
+        return self.kind.master_pod_now(self._watch_loop.table, self.contract.master_pod)
 
     def _wake(self) -> float:
         """When ``decide`` must look again whatever the API does: the deadline, or the end of
@@ -369,7 +368,7 @@ class MPIJobTrigger(BaseTrigger):
         self._fired = True
         envelope: Envelope = {
             "job_name": self.job_name,
-            "wait_for": self.wait_for,
+            "wait_for": self.contract.wait_for,
             "at": time.time(),
             "try_number": self.contract.try_number,
             "marks": dict(self.contract.marks),

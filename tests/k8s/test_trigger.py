@@ -175,10 +175,12 @@ def test_a_deferrable_task_creates_the_job_whole_and_defers_once(double: KubeDou
     fired = deferred.value.trigger
     try:
         assert isinstance(fired, MPIJobTrigger)
-        assert fired.wait_for == "finished" and fired.startup_timeout == 300
-        assert fired.master_log is not None  # the master's lines are followed from the start
+        assert fired.contract.wait_for == "finished" and fired.contract.startup_timeout == 300
+        assert fired.contract.master_log is not None  # the master's lines are followed from the start
         pods = [name for name in job_objects(double, fired.job_name) if name.startswith("pods/")]
-        assert sorted(pods) == sorted(f"pods/{name}" for name in [fired.master_pod, *fired.worker_pods])
+        assert sorted(pods) == sorted(
+            f"pods/{name}" for name in [fired.contract.master_pod, *fired.contract.worker_pods]
+        )
     finally:
         asyncio.run(fired.on_kill())
         deadline = time.monotonic() + 10
