@@ -152,3 +152,77 @@ def when_logged(log: list[str], text: str, action: Callable[[], object], timeout
     thread = threading.Thread(target=wait_then_act)
     thread.start()
     return thread
+
+
+# Every rank's host name to rank 0, which prints them with an allreduce's sum.
+HOSTS_PROGRAM = (
+    "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
+    "hosts = c.gather(socket.gethostname())\n"
+    "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size, 'hosts': sorted(hosts)}))"
+)
+
+
+def real_job(cluster: Any, namespace: str, kind: str, **fields: Any) -> tuple[Any, Any]:
+    """A backend of ``kind`` on ``cluster`` and the plan of a job of this run (``fields`` override
+    the spec, ``name`` among them): master and 2 workers running ``HOSTS_PROGRAM`` with this
+    machine's Python."""
+    import sys
+
+    from airflow_mpi.backends.kubernetes import KubernetesBackend
+    from airflow_mpi.job.naming import RunIdentity
+    from airflow_mpi.runner.retries import plan_for
+    from airflow_mpi.spec import MPIJobSpec
+
+    backend = KubernetesBackend(kind=kind, api_client=api_client(cluster.kubeconfig), namespace=namespace)
+    data: dict[str, Any] = {
+        "name": f"{kind[:3]}real",
+        "image": "registry.example/airflow-mpi-train:0.1",
+        "command": [sys.executable, "-c", HOSTS_PROGRAM],
+        "workers": {"replicas": 2},
+        "startup_timeout": 90,
+        "timeout": 120,
+        **fields,
+    }
+    identity = RunIdentity(f"{data['name']}-dag", "train", f"r-{time.monotonic_ns()}")
+    return backend, plan_for(backend, MPIJobSpec.from_dict(data), identity)
+
+
+# The Airflow task process as the Task SDK's task runner runs it: SIGTERM (what the supervisor sends
+# when the task is killed, marked failed or timed out) calls the operator's on_kill. argv: the job,
+# the run id, the ``mpi`` connection.
+KILLED_TASK = """
+import json, signal, sys
+from types import SimpleNamespace
+from airflow_mpi.operators.mpi import MPIJobOperator
+operator = MPIJobOperator(task_id="train", job=json.loads(sys.argv[1]), mpi_conn_id=sys.argv[3])
+def on_term(signum, frame):
+    operator.on_kill()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+ti = SimpleNamespace(dag_id="killdag", task_id="train", run_id=sys.argv[2], map_index=-1, try_number=1)
+operator.execute({"ti": ti})
+"""
+
+
+def kill_task_once(job: dict[str, Any], conn_id: str, started: Callable[[], bool]) -> tuple[int, str]:
+    """Run ``job`` as an Airflow task process through ``conn_id`` until ``started()``, then kill
+    the task (SIGTERM); its exit code and output."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.cluster.controlplane import wait_for
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TASK, json.dumps(job), f"run-{time.monotonic_ns()}", conn_id],
+        env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_for("the job started", started, 120)
+        time.sleep(2)
+        child.send_signal(15)
+        child.wait(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    return child.returncode, child.stdout.read() if child.stdout else ""

@@ -355,6 +355,9 @@ def start_trainer(cluster: Any) -> Process:
     assets = assets_dir(component) / "manifests" / "base"
     api = cluster.api()
     install_crds(api, sorted((assets / "crds").glob("*.yaml")))
+    if is_built(COMPONENTS["volcano"]):  # its Volcano plugin watches PodGroups only if they exist at start
+        volcano_crds = assets_dir(COMPONENTS["volcano"]) / "installer" / "helm" / "chart" / "volcano" / "crd" / "bases"
+        install_crds(api, [volcano_crds / "scheduling.volcano.sh_podgroups.yaml"])
     (role,) = [d for d in yaml_documents(assets / "rbac" / "role.yaml") if d["kind"] == "ClusterRole"]
     ensure_namespace(api, TRAINER_NAMESPACE)
     kubeconfig = cluster.bind_service_account(TRAINER_NAMESPACE, "kubeflow-trainer", role,

@@ -13,20 +13,13 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
-from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.runner.job import JobRunner
-from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import CORE_LEFT, TRAINS_FOREVER, Log, api_client, objects_left, run_evicting_a_worker
+from tests.cluster.conftest import CORE_LEFT, TRAINS_FOREVER, Log, objects_left, real_job, run_evicting_a_worker
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 LEFT = (*CORE_LEFT, "/apis/batch/v1/namespaces/{ns}/jobs", "/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs")
-PROGRAM = (
-    "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
-    "hosts = c.gather(socket.gethostname())\n"
-    "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size, 'hosts': sorted(hosts)}))"
-)
 
 
 @pytest.fixture
@@ -40,18 +33,7 @@ def left(cluster: Cluster, namespace: str) -> list[str]:
 
 
 def make(cluster: Cluster, namespace: str, **fields: Any) -> tuple[KubernetesBackend, Any]:
-    backend = KubernetesBackend(kind="mpijob", api_client=api_client(cluster.kubeconfig), namespace=namespace)
-    data: dict[str, Any] = {
-        "name": "mjreal",
-        "image": "registry.example/airflow-mpi-train:0.1",
-        "command": [sys.executable, "-c", PROGRAM],
-        "workers": {"replicas": 2},
-        "startup_timeout": 90,
-        "timeout": 120,
-    }
-    data.update(fields)
-    plan = backend.render_plan(MPIJobSpec.from_dict(data), RunIdentity("mdag", "train", f"r-{time.monotonic_ns()}"))
-    return backend, plan
+    return real_job(cluster, namespace, "mpijob", **{"name": "mjreal", **fields})
 
 
 @pytest.mark.parametrize("hosts_mode", ["host", "hostfile"])

@@ -14,11 +14,17 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
-from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.runner.job import JobRunner
-from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import CORE_LEFT, TRAINS_FOREVER, Log, api_client, objects_left, when_logged
+from tests.cluster.conftest import (
+    CORE_LEFT,
+    TRAINS_FOREVER,
+    Log,
+    kill_task_once,
+    objects_left,
+    real_job,
+    when_logged,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -29,11 +35,7 @@ LEFT = (
     "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs",
     "/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainingruntimes",
 )
-PROGRAM = (
-    "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
-    "hosts = c.gather(socket.gethostname())\n"
-    "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size, 'hosts': sorted(hosts)}))"
-)
+PODGROUPS = "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups"
 
 
 @pytest.fixture
@@ -47,18 +49,7 @@ def left(cluster: Cluster, namespace: str) -> list[str]:
 
 
 def make(cluster: Cluster, namespace: str, **fields: Any) -> tuple[KubernetesBackend, Any]:
-    backend = KubernetesBackend(kind="trainjob", api_client=api_client(cluster.kubeconfig), namespace=namespace)
-    data: dict[str, Any] = {
-        "name": "tjreal",
-        "image": "registry.example/airflow-mpi-train:0.1",
-        "command": [sys.executable, "-c", PROGRAM],
-        "workers": {"replicas": 2},
-        "startup_timeout": 90,
-        "timeout": 120,
-    }
-    data.update(fields)
-    plan = backend.render_plan(MPIJobSpec.from_dict(data), RunIdentity("tdag", "train", f"r-{time.monotonic_ns()}"))
-    return backend, plan
+    return real_job(cluster, namespace, "trainjob", **{"name": "tjreal", **fields})
 
 
 @pytest.mark.parametrize("hosts_mode", ["host", "hostfile"])
@@ -117,20 +108,6 @@ def test_the_timeout_ends_the_job(trainer: Cluster, namespace: str) -> None:
     assert left(trainer, namespace) == []
 
 
-# The Airflow task process as the Task SDK's task runner runs it: SIGTERM (what the supervisor
-# sends when the task is killed) calls the operator's on_kill.
-KILLED_TASK = """
-import json, signal, sys
-from types import SimpleNamespace
-from airflow_mpi.operators.mpi import MPIJobOperator
-operator = MPIJobOperator(task_id="train", job=json.loads(sys.argv[1]), mpi_conn_id="mpi_trainjob")
-def on_term(signum, frame):
-    operator.on_kill()
-    sys.exit(143)
-signal.signal(signal.SIGTERM, on_term)
-ti = SimpleNamespace(dag_id="tjdag", task_id="train", run_id=sys.argv[2], map_index=-1, try_number=1)
-operator.execute({"ti": ti})
-"""
 KILLED_SPEC = {"name": "tjkill", "image": "registry.example/airflow-mpi-train:0.1",
                "command": [sys.executable, "-c", TRAINS_FOREVER], "workers": {"replicas": 2},
                "startup_timeout": 90, "timeout": 600}  # fmt: skip
@@ -144,28 +121,11 @@ def running_pods(cluster: Cluster, namespace: str) -> list[str]:
 def test_a_killed_waiting_task_deletes_the_trainjob_and_everything_it_made(
     trainer: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
-    import os
-    import subprocess
-
     from tests.cluster.conftest import install_connections
-    from tests.cluster.controlplane import wait_for
 
     install_connections(monkeypatch, trainer.kubeconfig, namespace, mpi_conn_id="mpi_trainjob", backend="trainjob")
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_TASK, json.dumps(KILLED_SPEC), f"run-{time.monotonic_ns()}"],
-        env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        wait_for("the job's three pods running", lambda: len(running_pods(trainer, namespace)) == 3, 120)
-        time.sleep(2)
-        child.send_signal(15)
-        child.wait(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-    output = child.stdout.read() if child.stdout else ""
-    assert child.returncode == 143, output[-3000:]
+    code, output = kill_task_once(KILLED_SPEC, "mpi_trainjob", lambda: len(running_pods(trainer, namespace)) == 3)
+    assert code == 143, output[-3000:]
     assert left(trainer, namespace) == [], output[-3000:]
 
 
@@ -194,3 +154,28 @@ def test_a_killed_deferred_task_deletes_the_trainjob_and_everything_it_made(
     wait_for("the job's three pods running", lambda: len(running_pods(trainer, namespace)) == 3, 120)
     asyncio.run(trigger.on_kill())
     wait_for("nothing of the job left", lambda: left(trainer, namespace) == [], 90)
+
+
+def test_a_volcano_gang_is_the_runtimes_pod_group_policy_under_real_volcano(trainer: Cluster, namespace: str) -> None:
+    """``gang: volcano``: Trainer makes the PodGroup of all 1 + N pods from the runtime's
+    ``podGroupPolicy``, the real vc-scheduler binds the pods once the whole group fits."""
+    from tests.cluster.controlplane import wait_for
+
+    trainer.controller("volcano")
+    api = trainer.api()
+    groups: list[dict[str, Any]] = []
+
+    def look() -> None:
+        groups.extend(api.get(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{namespace}/podgroups")["items"])
+
+    backend, plan = make(trainer, namespace, scheduling={"gang": "volcano"})
+    log = Log()
+    thread = when_logged(log, "starting mpiexec", look)
+    result = JobRunner(backend, plan, log).run()
+    thread.join()
+    assert result.exit_code == 0 and result.result["size"] == 3, log
+    (group,) = groups
+    assert group["metadata"]["name"] == plan.job_name and group["spec"]["minMember"] == 3, group
+    assert left(trainer, namespace) == []
+    # Trainer's PodGroup is the TrainJob's: the garbage collector takes it after it.
+    wait_for("the PodGroup gone", lambda: objects_left(api, namespace, (PODGROUPS,)) == [], 30)

@@ -15,13 +15,10 @@ import pytest
 
 from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
-from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.runner.job import JobRunner
-from airflow_mpi.runner.retries import plan_for
-from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
-from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, objects_left, run_evicting_a_worker, when_logged
+from tests.cluster.conftest import TRAINS_FOREVER, Log, objects_left, real_job, run_evicting_a_worker, when_logged
 from tests.cluster.volcano import create_queue
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -29,11 +26,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 VOLCANO_PLURALS = ("/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs",
                    "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups")  # fmt: skip
 QUEUES = "/apis/scheduling.volcano.sh/v1beta1/queues"
-PROGRAM = (
-    "from mpi4py import MPI; import json, socket; c = MPI.COMM_WORLD; s = c.allreduce(c.rank + 1)\n"
-    "hosts = c.gather(socket.gethostname())\n"
-    "if c.rank == 0: print('AIRFLOW_MPI_RESULT ' + json.dumps({'sum': s, 'size': c.size, 'hosts': sorted(hosts)}))"
-)
 BACKENDS = [pytest.param("volcano", id="volcano-job"), pytest.param("pods", id="gang-volcano")]
 
 
@@ -68,20 +60,10 @@ def volcano_left(cluster: Cluster, namespace: str) -> list[str]:
 def make(cluster: Cluster, namespace: str, kind: str, scheduling: dict[str, Any] | None = None,
          **fields: Any) -> tuple[KubernetesBackend, JobPlan]:  # fmt: skip
     """The Volcano Job backend (``kind="volcano"``) or plain pods with ``gang: volcano``."""
-    client = api_client(cluster.kubeconfig)
-    backend = KubernetesBackend(kind=kind, api_client=client, namespace=namespace)
-    data: dict[str, Any] = {
-        "name": "vcreal",
-        "image": "registry.example/airflow-mpi-train:0.1",
-        "command": [sys.executable, "-c", PROGRAM],
-        "workers": {"replicas": 2},
-        "startup_timeout": 90,
-        "timeout": 120,
-        "scheduling": {**({} if kind == "volcano" else {"gang": "volcano"}), **(scheduling or {})},
-    }
-    data.update(fields)
-    plan = plan_for(backend, MPIJobSpec.from_dict(data), RunIdentity("vdag", "train", f"r-{time.monotonic_ns()}"))
-    return backend, plan
+    gang = {} if kind == "volcano" else {"gang": "volcano"}
+    return real_job(
+        cluster, namespace, kind, **{"name": "vcreal", "scheduling": {**gang, **(scheduling or {})}, **fields}
+    )
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

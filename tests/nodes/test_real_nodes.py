@@ -198,51 +198,19 @@ def test_a_rank_over_its_pods_memory_limit_is_killed_by_the_kernel_and_named(clu
     assert "memory" in message.lower() and ("137" in message or "signal 9" in message), message
 
 
-# The Airflow task process, as the Task SDK's task runner runs it: SIGTERM (what the supervisor
-# sends when the task is killed, marked failed or timed out) calls the operator's on_kill.
-KILLED_TASK = """
-import json, signal, sys
-from types import SimpleNamespace
-from airflow_mpi.operators.mpi import MPIJobOperator
-operator = MPIJobOperator(task_id="train", job=json.loads(sys.argv[1]), mpi_conn_id="mpi_nodes")
-def on_term(signum, frame):
-    operator.on_kill()
-    sys.exit(143)
-signal.signal(signal.SIGTERM, on_term)
-ti = SimpleNamespace(dag_id="nodesdag", task_id="train", run_id=sys.argv[2], map_index=-1, try_number=1)
-operator.execute({"ti": ti})
-"""
-
-
 def test_a_killed_airflow_task_leaves_no_container_on_any_node(
     cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.cluster.conftest import install_connections
+    from tests.cluster.conftest import install_connections, kill_task_once
     from tests.cluster.controlplane import wait_for
 
     assert cluster.real is not None
     install_connections(monkeypatch, cluster.kubeconfig, namespace, mpi_conn_id="mpi_nodes")
     spec = {"name": "killed", "image": TRAIN_IMAGE, "command": ["python", "-c", TRAINS_FOREVER],
             "workers": {"replicas": 2}, "startup_timeout": 90, "timeout": 600}  # fmt: skip
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_TASK, json.dumps(spec), f"run-{time.monotonic_ns()}"],
-        env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        # Every rank training: three containers running, one per Node.
-        wait_for("the job's containers", lambda: len(cluster.real.running_containers(namespace)) == 3, 120)
-        time.sleep(2)
-        child.send_signal(15)
-        child.wait(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-    output = child.stdout.read() if child.stdout else ""
-    assert child.returncode == 143, output[-3000:]
+    # Every rank training: three containers running, one per Node; then the task is killed.
+    real = cluster.real
+    code, output = kill_task_once(spec, "mpi_nodes", lambda: len(real.running_containers(namespace)) == 3)
+    assert code == 143, output[-3000:]
     wait_for("no container of the job running on any Node", lambda: not cluster.real.running_containers(namespace), 60)
     assert job_objects(cluster.api(), namespace) == []
