@@ -26,6 +26,7 @@ from airflow_mpi.kinds.strategy import JobKind
 from airflow_mpi.spec import Role
 
 Obj = dict[str, Any]
+TOP_REFUSED_WAIT = 15.0  # seconds a refusal that passes by itself (JobKind.refused_for_now) is retried
 
 
 class JobCreation:
@@ -126,7 +127,7 @@ class JobCreation:
                 for obj in ours:
                     obj["metadata"].pop("ownerReferences", None)
                     made.append(self._create_fresh(namespace, obj))
-            created = self.custom.create(namespace, top, top_object)
+            created = self._create_top(namespace, top_object)
             job = self.watch(plan, namespace, created["metadata"]["resourceVersion"])
             job.roles[plan.master.name] = Role.MASTER  # the controller creates it with the workers
             owner = kind.owner_reference(plan, created["metadata"]["uid"])
@@ -145,6 +146,19 @@ class JobCreation:
                 with contextlib.suppress(Exception):
                     self._delete(namespace, obj)
             raise
+
+    def _create_top(self, namespace: str, manifest: Obj) -> Obj:
+        """Create the top object; a refusal the kind knows to pass by itself (a webhook whose cache
+        has not seen the objects made just before) is tried again for up to ``TOP_REFUSED_WAIT``."""
+        deadline, pause = time.monotonic() + TOP_REFUSED_WAIT, 0.2
+        while True:
+            try:
+                return self.custom.create(namespace, self.kind.top_resource, manifest)
+            except LaunchError as error:
+                if not self.kind.refused_for_now(str(error)) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     def _create(self, namespace: str, manifest: Obj) -> Obj:
         resource = self.kind.dependent_resource(manifest)

@@ -166,8 +166,9 @@ def _identity(server_message: str) -> str:
 
 def explain(error: BaseException, request: ApiRequest, api_url: str = "") -> str:
     """The message a user can act on for a refused request: which RBAC verb on which resource
-    the Role lacks (403), credentials refused (401), a namespace that does not exist (404),
-    an object the API server rejects (422); else what was asked and the server's words."""
+    the Role lacks (403; an admission webhook's refusal is a 403 too, and is told apart),
+    credentials refused (401), a namespace that does not exist (404), an object the API server
+    rejects (422); else what was asked and the server's words."""
     status = api_status(error)
     body = _status_body(error)
     said = str(body.get("message") or "")
@@ -179,6 +180,8 @@ def explain(error: BaseException, request: ApiRequest, api_url: str = "") -> str
         )
     if status == FORBIDDEN and "violates PodSecurity" in said:  # admission, not RBAC
         return f"{request.doing} failed: {describe(error)}{_fix(said)}"
+    if status == FORBIDDEN and "admission webhook" in said:  # a webhook's verdict, not RBAC
+        return f"{request.doing} failed: an admission webhook refused it (403): {said}"
     if status == FORBIDDEN:
         return (
             f"{_identity(said)} cannot `{request.verb}` `{request.resource}` in namespace {request.namespace} "

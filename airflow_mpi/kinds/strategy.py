@@ -148,6 +148,12 @@ class JobKind:
         whole (``plan`` None: a job adopted without its plan)."""
         return self.controller_makes_pods() or (plan is not None and plan.spec.scheduling.gang is not None)
 
+    def refused_for_now(self, message: str) -> bool:
+        """Whether the API's refusal of the top object (``message``) may pass by itself in a
+        moment (an admission webhook that has not seen what was created just before it): the
+        create is then tried again, briefly."""
+        return False
+
     def deletion_propagation(self) -> str:
         """How teardown deletes the top object: ``Foreground``, so that it is gone only once
         everything it owns is (the wait for it to go is the wait for the whole job)."""

@@ -351,6 +351,12 @@ class TrainJobKind(JobKind):
             )
         return None
 
+    def refused_for_now(self, message: str) -> bool:
+        """Kueue's TrainJob webhook (``vtrainjob.kb.io``) reads the runtime from its cache: a
+        TrainJob created right after its runtime may be refused with "runtime '<job>' not found"
+        until that cache has it (seen in the real tier)."""
+        return "admission webhook" in message and "runtime" in message and "not found" in message
+
     def deletion_propagation(self) -> str:
         """``Background``: a foreground deletion ends with the garbage collector removing the
         TrainJob's finalizer, an update that Kueue's TrainJob webhook (``vtrainjob.kb.io``)

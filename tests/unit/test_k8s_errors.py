@@ -152,6 +152,15 @@ def test_403_names_the_verb_the_resource_and_the_fix() -> None:
     )
 
 
+def test_an_admission_webhooks_403_is_its_verdict_not_a_missing_verb() -> None:
+    """Kueue's TrainJob webhook refusing a TrainJob (seen in the real tier) is not RBAC: the
+    message says it was a webhook, in its own words, and names no verb to add."""
+    said = "admission webhook \"vtrainjob.kb.io\" denied the request: runtime 'j-1' not found"
+    message = explain(api_error(403, message=said), ApiRequest("create", "trainjobs", "ml", "j-1"))
+    assert message.endswith(f"failed: an admission webhook refused it (403): {said}"), message
+    assert "Role" not in message and "add `create`" not in message
+
+
 def test_401_says_the_credentials_were_refused_and_where() -> None:
     message = explain(api_error(401, message="Unauthorized"), ApiRequest("list", "pods", "t"), "https://k8s:6443")
     assert message.startswith(

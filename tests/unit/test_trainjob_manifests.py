@@ -208,3 +208,51 @@ def test_a_jobsets_pods_and_the_trainjobs_objects_are_told_apart_from_an_mpijobs
     ]
     assert kind.master_pod("j", pods) == "j-master-0-0-bbbbb" and kind.master_pod("j", []) == "j-master-0-0"
     assert kind.master_selector("j") == f"{LABEL_JOBSET}=j,jobset.sigs.k8s.io/replicatedjob-name=master"
+
+
+class _RefusingCustom:
+    """Custom objects whose create is refused ``refusals`` times with ``message``, then made."""
+
+    def __init__(self, refusals: int, message: str) -> None:
+        self.refusals, self.message, self.calls = refusals, message, 0
+
+    def create(self, namespace: str, gvk: Any, body: dict[str, Any]) -> dict[str, Any]:
+        from airflow_mpi.exceptions import LaunchError
+
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise LaunchError(self.message)
+        return body
+
+
+KUEUE_NOT_YET = (
+    "creating trainjob j failed: an admission webhook refused it (403): "
+    "admission webhook \"vtrainjob.kb.io\" denied the request: runtime 'j' not found"
+)
+
+
+@pytest.mark.parametrize(
+    ("refusals", "message", "made", "calls"),
+    [
+        (2, KUEUE_NOT_YET, True, 3),  # Kueue's cache catches up: made on the third try
+        (1, "the service account cannot `create` `trainjobs`", False, 1),  # RBAC: at once
+        (1000, KUEUE_NOT_YET, False, None),  # never: bounded by TOP_REFUSED_WAIT
+    ],
+    ids=["passes", "rbac", "never"],
+)
+def test_a_trainjob_refused_until_kueue_sees_its_runtime_is_tried_again_briefly(
+    monkeypatch: pytest.MonkeyPatch, refusals: int, message: str, made: bool, calls: int | None
+) -> None:
+    from airflow_mpi.backends import creation
+    from airflow_mpi.exceptions import LaunchError
+
+    monkeypatch.setattr(creation, "TOP_REFUSED_WAIT", 1.0)
+    custom = _RefusingCustom(refusals, message)
+    maker = creation.JobCreation(None, custom, job_kind("trainjob"), 1, None, None)  # type: ignore[arg-type]
+    if made:
+        assert maker._create_top("ml", {"metadata": {"name": "j"}}) == {"metadata": {"name": "j"}}
+    else:
+        with pytest.raises(LaunchError, match=r"trainjobs|not found"):
+            maker._create_top("ml", {"metadata": {"name": "j"}})
+    assert calls is None or custom.calls == calls
+    assert custom.calls <= 5  # 0.2 + 0.4 + ... within the second
