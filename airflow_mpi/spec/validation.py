@@ -23,10 +23,14 @@ from airflow_mpi.spec.formats import (
     DNS_LABEL,
     ENV_NAME,
     LABEL_VALUE,
+    MAX_ARG_BYTES,
     RESOURCE_NAME,
+    env_string_bytes,
     max_name_length,
+    mca_value_problem,
 )
-from airflow_mpi.spec.mpi_validation import OWNED_MCA, check_mpi
+from airflow_mpi.spec.mpi_validation import check_mpi
+from airflow_mpi.spec.mpiexec_args import OWNED_MCA
 from airflow_mpi.spec.pod_validation import check_pod
 from airflow_mpi.spec.quantities import CPU_MILLI, QUANTITY, parse_cpu
 from airflow_mpi.spec.run_as_validation import check_run_as
@@ -284,6 +288,18 @@ def _check_env(spec: MPIJobSpec) -> list[SpecIssue]:
             issues.append(SpecIssue(path, f"value {value!r} is not a string", "quote it"))
         elif "\0" in value:
             issues.append(SpecIssue(path, "contains a NUL byte", "remove it"))
+        elif env_string_bytes(name, value) > MAX_ARG_BYTES:
+            issues.append(
+                SpecIssue(
+                    path,
+                    f"{name}=value is {env_string_bytes(name, value)} bytes; a process refuses any variable of "
+                    "128 KiB or more (it would fail when the pod starts)",
+                    "pass large data in a file (the spec's files, or a volume) and its path here",
+                )
+            )
+        elif mca and (problem := mca_value_problem(value)) is not None:
+            # mpiexec copies OMPI_MCA_* of its environment onto every worker daemon's command line.
+            issues.append(SpecIssue(path, problem, "use e.g. 'tcp,self', '^openib' or '1'"))
     return issues
 
 

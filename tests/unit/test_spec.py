@@ -128,7 +128,7 @@ BAD_SPECS: list[tuple[dict[str, Any], str, str]] = [
     ),
     ({"mpi": {"bind_to": "cores"}}, "mpi.bind_to", "binding"),
     ({"mpi": {"map_by": "diagonal"}}, "mpi.map_by", "slot"),
-    ({"mpi": {"btl": "tcp, self"}}, "mpi.btl", "spaces"),
+    ({"mpi": {"btl": "tcp, self"}}, "mpi.btl", "may hold only"),
     ({"mpi": {"btl_tcp_if_include": "eth0", "btl_tcp_if_exclude": "lo"}}, "mpi.btl_tcp_if_exclude", "only one"),
     ({"mpi": {"export_env": ["NCCL DEBUG"]}}, "mpi.export_env[0]", "VAR=value"),
     ({"mpi": {"env_file": "env.txt"}}, "mpi.env_file", "absolute"),
