@@ -25,12 +25,21 @@ def check_files(spec: MPIJobSpec) -> list[SpecIssue]:
     total = 0
     for name, text in spec.files.items():
         path = f"files.{name}"
-        if not isinstance(name, str) or not CONFIG_KEY.match(name) or len(name) > MAX_KEY_LENGTH or name in (".", ".."):
+        # Kubernetes refuses a ConfigMap key that starts with '..' (its volume keeps such names).
+        if not isinstance(name, str) or not CONFIG_KEY.match(name) or len(name) > MAX_KEY_LENGTH or name == ".":
             issues.append(
                 SpecIssue(
                     path,
                     f"{name!r} is not a file name a ConfigMap accepts",
                     f"use at most {MAX_KEY_LENGTH} of [-._a-zA-Z0-9], no '/', e.g. 'settings.json'",
+                )
+            )
+        elif name.startswith(".."):
+            issues.append(
+                SpecIssue(
+                    path,
+                    f"{name!r} starts with '..', which a ConfigMap keeps for its own files",
+                    "give your file a name that does not start with '..', e.g. 'settings.json'",
                 )
             )
         elif name in CONFIG_OWN_FILES:

@@ -43,6 +43,8 @@ def parse_dataclass(cls: type[T], data: object, path: str, issues: list[SpecIssu
             fix = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(fields)}"
             issues.append(SpecIssue(field_path, "is not a known field", fix))
             continue
+        if fields[key].metadata.get("text_only") and _numbers_in(value, field_path, issues):
+            continue
         ok, parsed = _parse_value(hints[key], value, field_path, issues)
         if ok:
             kwargs[key] = parsed
@@ -56,6 +58,49 @@ def parse_dataclass(cls: type[T], data: object, path: str, issues: list[SpecIssu
             )
         kwargs[name] = _stand_in(hints[name])
     return cls(**kwargs)
+
+
+# A lone surrogate (half of a UTF-16 pair, e.g. from a JSON "\\udc80") has no UTF-8 form: the
+# API request, the env block or the file that carries it fails far from here. A NUL byte ends
+# a C string: an argument, a variable or a path would be cut short without a word.
+_UNWRITABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_text(data: object, path: str, issues: list[SpecIssue]) -> object:
+    """``data`` with every string that holds a NUL byte or a lone surrogate reported (each with
+    its field) and replaced by one that holds neither, so the rules can still read the rest."""
+    if isinstance(data, str):
+        found = _UNWRITABLE.search(data)
+        if found is None:
+            return data
+        what = "a NUL byte" if found.group() == "\x00" else f"a lone surrogate (U+{ord(found.group()):04X})"
+        issues.append(
+            SpecIssue(path or "<spec>", f"contains {what}, which no file, variable or request can carry", "remove it")
+        )
+        return _UNWRITABLE.sub("\ufffd", data)
+    if isinstance(data, Mapping):
+        clean = {}
+        for key, value in data.items():
+            shown = _UNWRITABLE.sub("\ufffd", key) if isinstance(key, str) else repr(key)
+            where = f"{path}.{shown}" if path else shown
+            clean[check_text(key, where, issues)] = check_text(value, where, issues)
+        return clean
+    if isinstance(data, list | tuple):
+        return [check_text(item, f"{path}[{index}]", issues) for index, item in enumerate(data)]
+    return data
+
+
+def _numbers_in(value: object, path: str, issues: list[SpecIssue]) -> bool:
+    """A map that Kubernetes keeps as text (labels, annotations): a YAML number in it would change
+    on its way there (``1.10`` becomes ``"1.1"``, ``1e3`` ``"1000.0"``), so it is refused."""
+    if not isinstance(value, Mapping):
+        return False
+    found = False
+    for key, item in value.items():
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            found = True
+            issues.append(SpecIssue(f"{path}.{key}", f"{_shown(item)} is a number, not text", f"quote it: '{item}'"))
+    return found
 
 
 def _stand_in(hint: Any) -> Any:
@@ -148,7 +193,8 @@ def _parse_value(hint: Any, value: object, path: str, issues: list[SpecIssue]) -
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return True, value
-        if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        # At most 18 ASCII digits: int() takes any Unicode digit, and refuses 4301 or more.
+        if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,18}\s*", value):
             return True, int(value)  # a templated field renders to text, e.g. "{{ params.workers }}"
     elif hint is float:
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -17,13 +17,14 @@ from airflow_mpi.spec.formats import (
     is_label_value,
     is_qualified_name,
 )
-from airflow_mpi.spec.quantities import QUANTITY
+from airflow_mpi.spec.quantities import check_memory
 
 if TYPE_CHECKING:
     from airflow_mpi.spec.types import MPIJobSpec
 
 # Label keys airflow-mpi sets on every object of a job (naming.build_job_labels).
 OWNED_LABEL_PREFIXES = ("airflow-mpi.io/", "app.kubernetes.io/")
+OWNED_ANNOTATION_PREFIX = "airflow-mpi.io/"  # the marks airflow-mpi keeps on a job's objects
 PULL_POLICIES = {"Always", "IfNotPresent", "Never"}
 TOLERATION_OPERATORS = {"Equal", "Exists"}
 TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -45,9 +46,20 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
                     "use a label key of your own prefix, e.g. 'team.example.com/owner'",
                 )
             )
-    for key in pod.annotations:
+    for key, value in pod.annotations.items():
         if not is_qualified_name(key):
             issues.append(SpecIssue(f"pod.annotations.{key}", "is not a valid annotation key", "use [prefix/]name"))
+        elif key.startswith(OWNED_ANNOTATION_PREFIX):
+            issues.append(
+                SpecIssue(
+                    f"pod.annotations.{key}",
+                    "uses the prefix airflow-mpi.io/ of the marks airflow-mpi keeps on the job's objects (such as "
+                    "how much of the log was shown); a copy of yours would preset them",
+                    "use an annotation key of your own prefix, e.g. 'team.example.com/owner'",
+                )
+            )
+        if not isinstance(value, str):
+            issues.append(SpecIssue(f"pod.annotations.{key}", f"value {value!r} is not text", f"quote it: '{value}'"))
     size = sum(len(key.encode()) + len(str(value).encode()) for key, value in pod.annotations.items())
     if size > MAX_ANNOTATION_BYTES:
         issues.append(
@@ -161,8 +173,8 @@ def check_pod(spec: MPIJobSpec) -> list[SpecIssue]:
         value = getattr(pod, key)
         if value is not None and (len(value) > MAX_DNS_SUBDOMAIN or not DNS_SUBDOMAIN.match(value)):
             issues.append(SpecIssue(f"pod.{key}", f"{value!r} is not a valid object name", "use a DNS-1123 name"))
-    if pod.shm_size is not None and not QUANTITY.match(pod.shm_size):
-        issues.append(SpecIssue("pod.shm_size", f"{pod.shm_size!r} is not a quantity", "use e.g. '2Gi'"))
+    if pod.shm_size is not None:
+        issues += check_memory("pod.shm_size", pod.shm_size, "'2Gi'")
     return issues
 
 

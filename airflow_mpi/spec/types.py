@@ -15,10 +15,13 @@ from typing import Any
 
 from airflow_mpi.contract import HostsMode
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.spec.parsing import parse_dataclass, to_plain
+from airflow_mpi.spec.parsing import check_text, parse_dataclass, to_plain
 from airflow_mpi.spec.quantities import parse_cpu
 from airflow_mpi.spec.scheduling import SchedulingSpec
 from airflow_mpi.spec.validation import collect_spec_issues
+
+# A map whose values Kubernetes keeps as text: numbers are refused, not converted (parsing).
+TEXT_ONLY = {"text_only": True}
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ class PodSettings:
 
     namespace: str | None = None
     """The namespace of the job's objects. Default: the connection's."""
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict, metadata=TEXT_ONLY)
     """Node labels every pod must match."""
     tolerations: tuple[Toleration, ...] = ()
     """Taints every pod tolerates."""
@@ -191,9 +194,9 @@ class PodSettings:
     """``Always``, ``IfNotPresent`` or ``Never``."""
     priority_class: str | None = None
     """The pods' PriorityClass (and the gang's, with ``scheduling.gang``)."""
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict, metadata=TEXT_ONLY)
     """Extra labels on every pod."""
-    annotations: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict, metadata=TEXT_ONLY)
     """Extra annotations on every pod."""
     shm_size: str | None = None
     """Size of a memory-backed ``/dev/shm``, e.g. ``"2Gi"`` (NCCL, DataLoader workers)."""
@@ -273,6 +276,7 @@ class MPIJobSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> MPIJobSpec:
         """Parse and validate; raises ``SpecError`` listing every problem."""
         issues: list[SpecIssue] = []
+        data = typing.cast(Mapping[str, Any], check_text(data, "", issues))  # a mapping stays a mapping
         spec = parse_dataclass(cls, data, "", issues)
         if spec is not None:
             issues.extend(collect_spec_issues(spec, skip=frozenset(i.field for i in issues)))

@@ -32,7 +32,7 @@ from airflow_mpi.spec.formats import (
 from airflow_mpi.spec.mpi_validation import check_mpi
 from airflow_mpi.spec.mpiexec_args import OWNED_MCA
 from airflow_mpi.spec.pod_validation import check_pod
-from airflow_mpi.spec.quantities import CPU_MILLI, QUANTITY, parse_cpu
+from airflow_mpi.spec.quantities import CPU_MILLI, check_memory, parse_cpu, quantity_bound_problem, shown_quantity
 from airflow_mpi.spec.run_as_validation import check_run_as
 from airflow_mpi.spec.scheduling import check_scheduling
 from airflow_mpi.spec.slots import build_slot_plan
@@ -125,7 +125,11 @@ def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
         )
     for role_name, role in (("master", spec.master), ("workers", spec.workers)):
         cores = parse_cpu(role.cpu)
-        if cores is None:
+        if (bound := quantity_bound_problem(role.cpu)) is not None:
+            issues.append(
+                SpecIssue(f"{role_name}.cpu", f"{shown_quantity(role.cpu)} {bound}", f"use at most {MAX_CPU_CORES}")
+            )
+        elif cores is None:
             issues.append(
                 SpecIssue(f"{role_name}.cpu", f"{role.cpu!r} is not a CPU quantity", "use cores like 2, 0.5 or '500m'")
             )
@@ -139,12 +143,8 @@ def _check_roles(spec: MPIJobSpec) -> list[SpecIssue]:
             )
         elif cores % CPU_MILLI:
             issues.append(SpecIssue(f"{role_name}.cpu", f"{role.cpu!r} is finer than 1m", "round to whole millicores"))
-        if role.memory is not None and not (isinstance(role.memory, str) and QUANTITY.match(role.memory)):
-            issues.append(
-                SpecIssue(
-                    f"{role_name}.memory", f"{role.memory!r} is not a memory quantity", "use e.g. '8Gi' or '512Mi'"
-                )
-            )
+        if role.memory is not None:
+            issues += check_memory(f"{role_name}.memory", role.memory)
         if role.gpus < 0:
             issues.append(SpecIssue(f"{role_name}.gpus", f"is {role.gpus}", "use 0 (CPU only) or more GPUs"))
         elif role.gpus > MAX_GPUS:
