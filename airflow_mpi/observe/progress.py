@@ -16,13 +16,13 @@ lines with the monotonic time they arrived; the runner and the trigger act on ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_mpi.contract import MPIEXEC_START_LINE
 from airflow_mpi.observe.output import TAG
+from airflow_mpi.spec.patterns import Pattern, PatternError, compile_pattern
 
 LAST_LINE_CHARS = 300  # of each rank's last line, in the failure message
 
@@ -81,10 +81,16 @@ class ProgressWatch:
     last_any: float | None = None  # the last progress line of any rank
     last_progress: dict[int | None, float] = field(default_factory=dict)
     last_line: dict[int | None, str] = field(default_factory=dict)
-    _regex: re.Pattern[str] | None = field(init=False, default=None)
+    _regex: Pattern | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self._regex = re.compile(self.pattern) if self.pattern else None
+        # RE2, linear in the line: this runs on every line, in the triggerer's event loop too.
+        # The spec was refused if RE2 cannot run the pattern; one that reaches here anyway (a
+        # trigger deferred by an older version) counts every line, which never fakes a hang.
+        try:
+            self._regex = compile_pattern(self.pattern) if self.pattern else None
+        except PatternError:
+            self._regex = None
 
     @property
     def enabled(self) -> bool:

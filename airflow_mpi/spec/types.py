@@ -250,7 +250,8 @@ class MPIJobSpec:
     Every rank's Python stack goes into the task log, then the job is aborted. Default: off."""
     progress_pattern: str | None = None
     """A regular expression: only the lines it matches count as progress (for jobs that print
-    heartbeats). Needs ``progress_timeout``."""
+    heartbeats). Needs ``progress_timeout``. RE2 syntax, matched in time linear in the line: no
+    backreferences or lookaround, ``\\z`` for Python's ``\\Z``, at most 1000 characters."""
     ssh_port: int = 22
     """sshd's port in every pod (1024 or above without root)."""
     pod: PodSettings = field(default_factory=PodSettings)

@@ -31,6 +31,7 @@ from airflow_mpi.spec.formats import (
 )
 from airflow_mpi.spec.mpi_validation import check_mpi
 from airflow_mpi.spec.mpiexec_args import OWNED_MCA
+from airflow_mpi.spec.patterns import PatternError, compile_pattern
 from airflow_mpi.spec.pod_validation import check_pod
 from airflow_mpi.spec.quantities import CPU_MILLI, check_memory, parse_cpu, quantity_bound_problem, shown_quantity
 from airflow_mpi.spec.run_as_validation import check_run_as
@@ -324,9 +325,11 @@ def _check_progress(spec: MPIJobSpec) -> list[SpecIssue]:
                 )
             )
         try:
-            compiled = re.compile(spec.progress_pattern)
-        except re.error as error:
-            issues.append(SpecIssue("progress_pattern", f"is not a regular expression: {error}", "fix the pattern"))
+            compiled = compile_pattern(spec.progress_pattern)
+        except PatternError as error:
+            issues.append(
+                SpecIssue("progress_pattern", str(error), "match your progress lines simply, e.g. 'step \\d+'")
+            )
         else:
             if compiled.search(""):
                 issues.append(

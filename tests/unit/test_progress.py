@@ -105,7 +105,7 @@ def test_the_master_output_carries_the_watch_and_its_settings_through_the_trigge
     [
         ({"progress_timeout": 0}, "progress_timeout: is 0"),
         ({"progress_pattern": "step"}, "progress_pattern: is set without progress_timeout"),
-        ({"progress_timeout": 5, "progress_pattern": "("}, "progress_pattern: is not a regular expression"),
+        ({"progress_timeout": 5, "progress_pattern": "("}, "progress_pattern: is not a pattern RE2 can run"),
         ({"progress_timeout": 5, "progress_pattern": ".*"}, "matches an empty line"),
     ],
 )
