@@ -302,7 +302,7 @@ class LocalBackend:
         os.set_blocking(fd, False)
         # Each rank's lines reassembled from mpiexec's tagged pieces, each capped (memory stays
         # bounded); a line rewritten with \r (a progress bar) also yields its latest state.
-        lines = RankLineSplitter()
+        lines = RankLineSplitter(np=self._plans[job_name].topology.np)  # a tag of no rank of the job is text
         with (sandbox.dir / "logs" / f"{master}.log").open("ab") as log:
             while True:
                 ready, _, _ = select.select([fd], [], [], idle_tick)

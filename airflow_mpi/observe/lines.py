@@ -13,10 +13,36 @@ import re
 
 MAX_LINE_BYTES = 64 * 1024  # a longer "line" (a progress bar without newlines) is cut here
 CUT_MARK = " [... line cut at 64 KiB]"
-# mpiexec --tag-output's tag, as bytes in the master's output, and any start of one (a chunk may end in it).
-TAG_BYTES = re.compile(rb"\[\d+,\d+\]<std(?:out|err|diag)>:")
+# mpiexec --tag-output's tag ``[job,rank]<stream>:``, as bytes in the master's output, and any start
+# of one (a chunk may end in it). Its numbers have at most 9 digits: a rank's text shaped like a
+# tag with thousands of digits is text (int() refuses 4301 digits or more).
+TAG_BYTES = re.compile(rb"\[(0|[1-9]\d{0,8}),(0|[1-9]\d{0,8})\]<std(?:out|err|diag)>:")
 TAG_START_BYTES = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]{0,7}>?)?)?)?")
 MAX_TAG_BYTES = 40
+# The job index mpiexec tags its (first and only) job's output with: ``[1,rank]``.
+MPIEXEC_JOB = 1
+# Ranks a tag may name when the job's size is not known (the spec's upper bound of mpi.np).
+MAX_TAG_RANKS = 65536
+
+
+def is_rank_tag(job: bytes | str, rank: bytes | str, np: int | None) -> bool:
+    """A tag of the job's own ranks: job index 1 and a rank in 0..np-1. Any other tag-shaped
+    text is something a rank printed, and stays text of the stream it came in."""
+    return int(job) == MPIEXEC_JOB and int(rank) < (np if np is not None else MAX_TAG_RANKS)
+
+
+def rank_pattern(np: int) -> str:
+    """A regular expression of the numbers 0..np-1 as Open MPI prints them (no leading zeros),
+    so one pass over a batch checks every line's rank."""
+    top = str(max(np - 1, 0))
+    shorter = [r"\d" if width == 1 else rf"[1-9]\d{{{width - 1}}}" for width in range(1, len(top))]
+    same = []
+    for index, digit in enumerate(top):
+        low = 1 if index == 0 and len(top) > 1 else 0
+        if int(digit) > low:
+            rest = len(top) - index - 1
+            same.append(f"{top[:index]}[{low}-{int(digit) - 1}]" + (rf"\d{{{rest}}}" if rest else ""))
+    return "(?:" + "|".join([*shorter, *same, top]) + ")"
 
 
 class PartialLine(str):
@@ -149,16 +175,20 @@ class RankLineSplitter:
     is one more stream. Memory: at most two states of ``max_bytes`` per rank stream.
     """
 
-    def __init__(self, max_bytes: int | None = MAX_LINE_BYTES) -> None:
+    def __init__(self, max_bytes: int | None = MAX_LINE_BYTES, np: int | None = None) -> None:
         self.max_bytes = max_bytes
-        self._streams: dict[bytes, LineSplitter] = {}  # by tag; b"" for untagged text
+        self.np = np  # the job's world size: a tag of another rank is text (None: up to MAX_TAG_RANKS)
+        # By tag; b"" for untagged text. Only streams with a line begun are kept (an idle one
+        # holds nothing), so at most one per rank and stream, whatever tags the ranks print.
+        self._streams: dict[bytes, LineSplitter] = {}
         self._tag = b""  # the stream the bytes now arriving belong to
         self._held = b""  # the end of the last chunk, when it may be the start of a tag
         self._touched: set[bytes] = set()  # streams fed since the last ``progress()``
         self._busy: set[bytes] = set()  # streams with a line begun (not idle)
         text = "[^\r\n]*" if max_bytes is None else f"[^\r\n]{{0,{max(0, max_bytes - MAX_TAG_BYTES)}}}"
         # Lines that each are one short tagged piece: the common case, checked in one pass.
-        self._tagged_lines = re.compile(rf"(?:{TAG_BYTES.pattern.decode()}{text}\n)*".encode())
+        tag = rf"\[{MPIEXEC_JOB},{rank_pattern(np if np is not None else MAX_TAG_RANKS)}\]<std(?:out|err|diag)>:"
+        self._tagged_lines = re.compile(rf"(?:{tag}{text}\n)*".encode())
 
     def feed(self, chunk: bytes) -> list[str]:
         """The lines this chunk completes, in the order their newlines arrived."""
@@ -184,6 +214,8 @@ class RankLineSplitter:
         """The general path: every tag starts a piece of its rank stream."""
         pos = 0
         for match in TAG_BYTES.finditer(data):
+            if not is_rank_tag(match.group(1), match.group(2), self.np):
+                continue  # tag-shaped text a rank printed: it stays in the stream it came in
             if match.start() > pos:
                 self._route(data[pos : match.start()], lines)
             self._tag = match.group()
@@ -197,13 +229,15 @@ class RankLineSplitter:
         other), or untagged, short, without ``\r``, whose stream has no line begun, is a rank's
         line as it is. Any other line takes the general path."""
         one_tag_each = not self._busy and data.count(b"]<std") == data.count(b"\n") + 1
-        if one_tag_each and self._tagged_lines.fullmatch(data + b"\n"):  # and each short, no \r
+        if one_tag_each and self._tagged_lines.fullmatch(data + b"\n"):  # and each short, no \r, a tag of the job
             lines += data.decode("utf-8", "replace").split("\n")  # no \n byte is inside a UTF-8 sequence
             return
         limit, match, busy = self.max_bytes, TAG_BYTES.match, self._busy
         keep = lines.append
         for piece in data.split(b"\n"):
             tag = match(piece)
+            if tag is not None and not is_rank_tag(tag.group(1), tag.group(2), self.np):
+                tag = None  # a line of the untagged stream that looks like a tag
             if (
                 (tag.group() if tag is not None else b"") not in busy
                 and b"\r" not in piece
@@ -229,7 +263,8 @@ class RankLineSplitter:
         """The latest state of each line being rewritten (``LineSplitter.progress``), tagged."""
         states = []
         for tag in self._touched:
-            state = self._streams[tag].progress()
+            stream = self._streams.get(tag)
+            state = stream.progress() if stream is not None else None
             if state is not None:
                 states.append(PartialLine(_tagged(tag, state)))
         self._touched.clear()
@@ -257,6 +292,7 @@ class RankLineSplitter:
         lines = stream.feed(data)
         if stream.idle:
             self._busy.discard(tag)
+            del self._streams[tag]  # an idle stream holds nothing: the next line starts a new one
         else:
             self._busy.add(tag)
         return lines

@@ -104,9 +104,11 @@ class MasterOutput:
         self.warn = warn if warn is not None else emit
         self.skip_lines = skip_lines
         self.on_progress = on_progress
-        self.output = OutputTracker()
+        # Each reader knows the world size: a tag of no rank of the job is text, so what they
+        # keep per rank stays bounded whatever the ranks print.
+        self.output = OutputTracker(np=plan.np)
         self.evidence = EvidenceCollector()  # known causes seen in the master's output
-        self.progress_bars = ProgressFilter()
+        self.progress_bars = ProgressFilter(np=plan.np)
         self.rank_starts = RankStartCheck(
             np=plan.np, rank_pods=plan.rank_pods, job_pods=plan.job_pods, timeout=plan.rank_timeout
         )

@@ -17,21 +17,23 @@ from typing import Any
 
 from airflow_mpi.contract import RESULT_MAX_BYTES, RESULT_PREFIX
 from airflow_mpi.job.topology import Topology
-from airflow_mpi.observe.lines import CUT_MARK
+from airflow_mpi.observe.lines import CUT_MARK, is_rank_tag
 from airflow_mpi.spec import MPIJobSpec
 
-TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>:(.*)$", re.DOTALL)
-FAILED_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
-EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
-SIGNALED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
-ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator")
-ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d+)")
+# Every number read from the output has at most 9 digits: int() refuses 4301 or more, and no
+# rank, exit code or signal has more.
+TAG = re.compile(r"^\[(0|[1-9][0-9]{0,8}),(0|[1-9][0-9]{0,8})\]<(?:stdout|stderr)>:(.*)$", re.DOTALL)
+FAILED_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d{1,9})\]")
+EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d{1,9})\b")
+SIGNALED = re.compile(r"process rank (\d{1,9}) with PID \d+ on node (\S+) exited on signal (\d{1,9})\b")
+ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d{1,9}) in communicator")
+ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d{1,9})\b")
 TIMEOUT_MARKS = ("The user-provided time limit for job execution has been reached", "MPIEXEC_TIMEOUT")
 MAX_RECORD_LINES = 5000
 PROGRESS_INTERVAL = 1.0  # seconds between two progress-bar states of one rank in the task log
 TAIL_LINES = 15  # lines of a pod or rank shown in a failure message
 MAX_RESULT_ERRORS = 5  # refused result lines described one by one; the rest are counted
-TAG_TEXT = re.compile(r"\[\d+,\d+\]<std(?:out|err|diag)>:")
+TAG_TEXT = re.compile(r"\[(0|[1-9][0-9]{0,8}),(0|[1-9][0-9]{0,8})\]<std(?:out|err|diag)>:")
 
 
 @dataclass
@@ -40,6 +42,7 @@ class OutputTracker:
 
     tail_lines: int = 40
     rank_tail_lines: int = 20
+    np: int | None = None  # the job's world size: a tag of another rank is text
     lines_seen: int = 0
     failed_rank: int | None = None
     failed_exit_code: int | None = None
@@ -52,6 +55,7 @@ class OutputTracker:
     _rank_tails: dict[int, deque[str]] = field(default_factory=dict)
     _results: dict[int, Any] = field(default_factory=dict)
     _expect_exit_code: bool = False
+    _tagged: bool = False  # a rank-tagged line was seen: untagged text is no rank's
 
     def __post_init__(self) -> None:
         self._tail = deque(maxlen=self.tail_lines)
@@ -61,17 +65,17 @@ class OutputTracker:
         self.lines_seen += len(lines)
         self._tail.extend(lines)
         for line in lines:
-            match = TAG.match(line)
-            if match:
-                rank, text = int(match.group(1)), match.group(2)
+            rank, text = parse_tag(line, self.np)
+            if rank is not None:
+                self._tagged = True
                 tail = self._rank_tails.get(rank)
                 if tail is None:
                     tail = self._rank_tails[rank] = deque(maxlen=self.rank_tail_lines)
                 tail.append(text)
-                if text.startswith(RESULT_PREFIX):
+                if text.startswith(RESULT_PREFIX):  # every rank's is checked; rank 0's is the result
                     self._parse_result(rank, text)
                 continue
-            if line.startswith(RESULT_PREFIX):
+            if line.startswith(RESULT_PREFIX) and not self._tagged:
                 self._parse_result(-1, line)
             self._parse_mpiexec(line)
 
@@ -118,11 +122,11 @@ class OutputTracker:
 
     @property
     def result(self) -> Any:
-        """The JSON the lowest rank printed after ``AIRFLOW_MPI_RESULT``; None if none did."""
-        if not self._results:
-            return None
-        ranked = [r for r in self._results if r >= 0]
-        return self._results[min(ranked)] if ranked else self._results[-1]
+        """The JSON rank 0 printed after ``AIRFLOW_MPI_RESULT`` (in its own tagged lines); with
+        untagged output (``tag_output: false``), the untagged line's. None if there is none."""
+        if 0 in self._results:
+            return self._results[0]
+        return None if self._tagged else self._results.get(-1)
 
 
 class ProgressFilter:
@@ -133,8 +137,9 @@ class ProgressFilter:
     stderr), or at the end (``flush``), so the last state of a bar is always shown, in order.
     Other lines pass unchanged."""
 
-    def __init__(self, interval: float = PROGRESS_INTERVAL) -> None:
+    def __init__(self, interval: float = PROGRESS_INTERVAL, np: int | None = None) -> None:
         self.interval = interval
+        self.np = np  # a tag of no rank of the job is text, so at most one entry per rank
         self._held: dict[str, str] = {}  # rank ("[1,0]"; "" untagged) -> its latest state not shown yet
         self._shown_at: dict[str, float] = {}  # rank -> when it last showed a state
 
@@ -144,7 +149,7 @@ class ProgressFilter:
             if "\r" not in line and not self._held:
                 shown.append(line)
                 continue
-            tag, text = split_tag(line)
+            tag, text = split_tag(line, self.np)
             rank = tag[: tag.find("<")]
             if text.startswith("\r"):
                 state = tag + text[1:]
@@ -176,10 +181,21 @@ class ProgressFilter:
         return held
 
 
-def split_tag(line: str) -> tuple[str, str]:
-    """``"[1,0]<stdout>:text"`` -> (``"[1,0]<stdout>:"``, ``"text"``); untagged: ("", line)."""
+def split_tag(line: str, np: int | None = None) -> tuple[str, str]:
+    """``"[1,0]<stdout>:text"`` -> (``"[1,0]<stdout>:"``, ``"text"``); untagged, or tagged with no
+    rank of a job of ``np`` ranks: ("", line)."""
     match = TAG_TEXT.match(line)
-    return (line[: match.end()], line[match.end() :]) if match else ("", line)
+    if match is None or not is_rank_tag(match.group(1), match.group(2), np):
+        return "", line
+    return line[: match.end()], line[match.end() :]
+
+
+def parse_tag(line: str, np: int | None = None) -> tuple[int | None, str]:
+    """A rank's stdout or stderr line -> (rank, text); anything else -> (None, line)."""
+    match = TAG.match(line)
+    if match is None or not is_rank_tag(match.group(1), match.group(2), np):
+        return None, line
+    return int(match.group(2)), match.group(3)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_mpi.contract import MPIEXEC_START_LINE
-from airflow_mpi.observe.output import TAG
+from airflow_mpi.observe.output import parse_tag
 from airflow_mpi.spec.patterns import Pattern, PatternError, compile_pattern
 
 LAST_LINE_CHARS = 300  # of each rank's last line, in the failure message
@@ -104,8 +104,7 @@ class ProgressWatch:
                 if line.startswith(MPIEXEC_START_LINE):
                     self.started = now
                 continue
-            match = TAG.match(line)
-            rank, text = (int(match.group(1)), match.group(2)) if match else (None, line)
+            rank, text = parse_tag(line, self.np or None)
             if rank is None and line.startswith("[airflow-mpi]"):
                 continue  # the product's own notes are no progress of the job
             self.last_line[rank] = text[:LAST_LINE_CHARS]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-STACK_HEADER = re.compile(r"^AIRFLOW_MPI_STACK rank=(\d+) pid=(\d+) host=(\S+) state=(\w+) proc=(\S+)\s*$")
+STACK_HEADER = re.compile(r"^AIRFLOW_MPI_STACK rank=(\d{1,9}) pid=(\d{1,9}) host=(\S+) state=(\w+) proc=(\S+)\s*$")
 STACK_WAIT = 5  # seconds each pod waits for its processes to dump
 WHY_NOT = {
     "stopped": "did not answer: the process is stopped (SIGSTOP or a debugger)",

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from airflow_mpi.contract import MPIEXEC_START_LINE, RANK_START_PREFIX
-from airflow_mpi.observe.output import split_tag
+from airflow_mpi.observe.output import parse_tag
 from airflow_mpi.spec import MPIJobSpec
 
-RANK_START = re.compile(r"^AIRFLOW_MPI_RANK_START rank=(\d+) size=(\d+) host=(\S+)\s*$")
+RANK_START = re.compile(r"^AIRFLOW_MPI_RANK_START rank=(\d{1,9}) size=(\d{1,9}) host=(\S{1,253})\s*$")
 RANK_START_TIMEOUT = 120.0  # the most seconds ranks get to start (startup_timeout if lower)
 DOC = "docs/contract.md#rank-start"
 
@@ -49,14 +49,23 @@ class RankStartCheck:
         kept = []
         for line in lines:
             if RANK_START_PREFIX in line:  # a substring test first: most lines are none of these
-                match = RANK_START.match(split_tag(line)[1])
-                if match:
-                    self._report(int(match.group(1)), int(match.group(2)), match.group(3), now)
+                report = self._parse_report(line)
+                if report is not None:
+                    self._report(*report, now)
                     continue
             elif self.mpiexec_started is None and line.startswith(MPIEXEC_START_LINE):
                 self.mpiexec_started = now
             kept.append(line)
         return kept
+
+    def _parse_report(self, line: str) -> tuple[int, int, str] | None:
+        """(rank, size, host) of a rank's own report: in the tagged lines of that very rank (the
+        wrapper's first line), or untagged output; another rank's text is no report."""
+        rank, text = parse_tag(line, self.np)
+        match = RANK_START.match(text)
+        if match is None or int(match.group(1)) >= self.np or (rank is not None and rank != int(match.group(1))):
+            return None
+        return int(match.group(1)), int(match.group(2)), match.group(3)
 
     def _report(self, rank: int, size: int, host: str, now: float) -> None:
         self.hosts.setdefault(rank, host)

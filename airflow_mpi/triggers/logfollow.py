@@ -147,7 +147,8 @@ class MasterLogFollower:
         self.read_timeout = read_timeout
         self.log = log
         self.cursor = LogCursor()
-        self.lines = RankLineSplitter()  # each rank's unfinished line survives a dropped stream
+        # Each rank's unfinished line survives a dropped stream; a tag of no rank of the job is text.
+        self.lines = RankLineSplitter(np=output.plan.np)
         self.failure: Any = None  # the world-size check's JobFailed, once it fails
         self.hang: Hang | None = None  # the hang watchdog's verdict, once the job is silent too long
         self.refused: str | None = None  # the API refused the log (403 ...): what to change
