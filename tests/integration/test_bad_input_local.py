@@ -70,3 +70,30 @@ def test_python_or_state_dir_under_tmp_is_named_as_a_missing_prerequisite() -> N
     [state] = [p for p in check_prerequisites(state_dir=Path("/tmp/state")) if "/tmp" in p]
     assert state.startswith("a state_dir outside /tmp: /tmp/state")
     assert not [p for p in check_prerequisites("/tmpfoo/bin", Path("/var/tmp/s")) if "tmp" in p]
+
+
+def test_a_command_in_an_mca_value_starts_nothing(backend: LocalBackend, state_root: Path) -> None:
+    """Open MPI would hand the value to a shell on every worker: the spec is refused when the plan
+    is rendered, before the backend creates anything; a plain value runs the same job."""
+    import os
+    import time
+
+    from airflow_mpi.job.naming import RunIdentity
+    from airflow_mpi.job.plan import render_plan
+    from airflow_mpi.spec import MPIJobSpec, MPIOptions, WorkerSpec
+
+    marker = Path("/var/tmp") / f"airflow-mpi-mca-{os.getpid()}-{time.time_ns()}"
+    spec = MPIJobSpec(  # built in Python, never through from_dict: the plan validates it itself
+        name="itest",
+        command=("true",),
+        workers=WorkerSpec(replicas=1),
+        mpi=MPIOptions(mca={"btl_base_verbose": f"0;touch {marker}"}, extra_args=("-x", "MPI_NP=99")),
+    )
+    with pytest.raises(SpecError) as caught:
+        JobRunner(backend, render_plan(spec, RunIdentity("itest", "train", f"mca-{time.time_ns()}")), Log()).run()
+    assert set(caught.value.fields) == {"mpi.mca.btl_base_verbose", "mpi.extra_args[1]"}
+    assert not marker.exists() and ours() == []
+    assert [p.name for p in state_root.iterdir() if p.name != ".lock"] == []
+    plan = make_plan(["true"], workers={"replicas": 1}, mpi={"mca": {"btl_base_verbose": "0"}})
+    assert JobRunner(backend, plan, Log()).run().exit_code == 0
+    assert not marker.exists()
