@@ -117,9 +117,12 @@ class MPIOptions:
     wdir: str | None = None
     """``-wdir DIR``: the ranks' working directory."""
     mca: Mapping[str, str] = field(default_factory=dict)
-    """Any other ``--mca name value``."""
+    """Any other ``--mca name value``. Values reach a shell on every worker: letters, digits and
+    ``_ . , : / ^ = + @ % -`` only."""
     extra_args: tuple[str, ...] = ()
-    """Anything else, before the command (``--host``, ``--hostfile`` and ``-np`` are the launch script's)."""
+    """Anything else, before the command, one item per option or value, read as mpiexec reads it:
+    what airflow-mpi sets (hosts, ``-np``, ``--timeout``, its MCA parameters, reserved ``-x``
+    names) is refused however it is spelled."""
     master_port: int = 29500
     """``MASTER_PORT`` for ``torch.distributed`` and DeepSpeed."""
 
