@@ -7,10 +7,13 @@ from typing import TYPE_CHECKING
 
 from airflow_mpi.exceptions import SpecIssue
 from airflow_mpi.spec.formats import CONTROL, mca_value_problem
-from airflow_mpi.spec.mpiexec_args import check_export, check_extra_args, check_mca
+from airflow_mpi.spec.mpiexec_args import OWNED_FLAGS, OWNED_MCA, check_export, check_extra_args, check_mca
 
 if TYPE_CHECKING:
     from airflow_mpi.spec.types import MPIJobSpec
+
+# What the product owns is read here too (its rules moved to mpiexec_args with the extra_args parser).
+__all__ = ["BIND_TO", "MAP_BY", "MAX_RANKS", "MCA_EXAMPLES", "OWNED_FLAGS", "OWNED_MCA", "check_mpi"]
 
 BIND_TO = {"none", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa", "board"}
 MAP_BY = {"slot", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa", "board", "node"}
