@@ -337,6 +337,15 @@ def test_crashed_owner_is_swept_by_the_next_job(backend: LocalBackend, state_roo
     assert backend.leftovers(job_name) == []  # records, namespaces, links, and every process in them
 
 
+def test_mount_points_the_job_made_on_the_host_go_with_it(backend: LocalBackend, shared_dir: Path) -> None:
+    mount = shared_dir / "made" / "data"
+    volume = {"name": "scratch", "mount_path": str(mount), "empty_dir": True}
+    plan = make_plan(["test", "-d", str(mount)], workers={"replicas": 1}, pod={"volumes": [volume]})
+    assert run(backend, plan).exit_code == 0  # the pods had it
+    assert not (shared_dir / "made").exists()  # the host keeps nothing it did not have
+    assert shared_dir.is_dir()
+
+
 def test_cli_run_exits_with_the_jobs_code(state_root: Path, shared_dir: Path) -> None:
     spec = shared_dir / "job.yaml"
     spec.write_text(
