@@ -119,7 +119,9 @@ class LocalBackend:
             # Recorded before they are made: a job ending meanwhile keeps what this one needs.
             "mount_points": sorted({m.target for p in plan.pods for m in pod_mounts(plan, job_dir, p.name)}),
         }
-        sandbox = Sandbox.create(self.state_dir, plan.job_name, meta=meta)
+        # Nothing of a job's reaches a pod from the host (probes run in the master's network), so
+        # the host has no address on the job's bridge: its services are out of the pods' reach.
+        sandbox = Sandbox.create(self.state_dir, plan.job_name, meta=meta, host_on_bridge=False)
         self._sandboxes[plan.job_name] = sandbox
         self._plans[plan.job_name] = plan
         try:

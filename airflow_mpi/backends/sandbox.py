@@ -168,8 +168,13 @@ class Sandbox:
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, state_dir: Path, name: str, meta: dict[str, Any] | None = None) -> Sandbox:
-        """Allocate a free /24 and names, record them, then create the bridge."""
+    def create(
+        cls, state_dir: Path, name: str, meta: dict[str, Any] | None = None, *, host_on_bridge: bool = True
+    ) -> Sandbox:
+        """Allocate a free /24 and names, record them, then create the bridge. With
+        ``host_on_bridge`` the host has the subnet's first address on it (it reaches the pods,
+        and they reach it); without, the bridge has no address at all (no IPv4, no IPv6 link-local)
+        and answers no ARP, so the pods reach each other and nothing of the host through it."""
         problem = name_problem(name)
         if problem:
             raise LaunchError(f"sandbox name {name!r} {problem}")
@@ -206,12 +211,16 @@ class Sandbox:
             staging.rename(sandbox.dir)
         try:
             gateway = next(iter(subnet.hosts()))
-            run_ip(
-                ["-batch", "-"],
-                f"link add {sandbox.bridge} type bridge\n"
-                f"addr add {gateway}/{subnet.prefixlen} dev {sandbox.bridge}\n"
-                f"link set {sandbox.bridge} up\n",
+            bridge = sandbox.bridge
+            address = (
+                f"addr add {gateway}/{subnet.prefixlen} dev {bridge}"
+                if host_on_bridge
+                else f"link set dev {bridge} addrgenmode none"
             )
+            run_ip(["-batch", "-"], f"link add {bridge} type bridge\n{address}\n")
+            if not host_on_bridge:  # not even for the host's other addresses (a root pod can route)
+                Path(f"/proc/sys/net/ipv4/conf/{bridge}/arp_ignore").write_text("8\n")
+            run_ip(["link", "set", bridge, "up"], "")
         except BaseException:
             sandbox.destroy()
             raise
