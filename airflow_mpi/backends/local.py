@@ -8,17 +8,20 @@ Every pod runs the same launch script with the same env as on Kubernetes. A job 
 ``pod.run_as_user`` runs every pod as that user of this machine, without capabilities, its ssh
 files and runtime directory owned by it (what the image and ``fsGroup`` give it on Kubernetes).
 
-State lives in ``<state_dir>/<job>/``; the next job to start sweeps what a crashed owner left.
-Several jobs at once get separate names, bridges and subnets.
+State lives in ``<state_dir>/<job>/`` (a directory of root's alone); the next job to start
+sweeps what a crashed owner left. Several jobs at once get separate names, bridges and subnets;
+a job never replaces a same-named one that another task owns or whose owner still runs.
+Mount points missing on this machine are made for the pods and removed again when the last job
+of the state directory that needs them ends.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,9 +33,14 @@ from typing import BinaryIO
 
 from airflow_mpi import contract
 from airflow_mpi.backends import sandbox as sandboxes
+from airflow_mpi.backends.local_checks import build_owner, check_supported, collision_problem
+from airflow_mpi.backends.local_checks import check_prerequisites as check_prerequisites
 from airflow_mpi.backends.processes import netns_list
 from airflow_mpi.backends.sandbox import Mount, Sandbox
-from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError, SpecError, SpecIssue
+from airflow_mpi.backends.sandbox_state import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
+from airflow_mpi.backends.sandbox_state import NETNS_HOSTS_DIR, NETNS_PREFIX, prepare_state_dir
+from airflow_mpi.backends.sweep import sweep, sweep_orphans
+from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.job.naming import build_host_name
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.job.ssh import KEY_DIR_MODE, KEY_FILE_MODE, build_ssh_probe_argv
@@ -43,45 +51,13 @@ from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.spec import Role
 
 log = logging.getLogger(__name__)
-DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
-PRIVATE_ROOTS = ("/tmp",)  # every local pod mounts its own empty tmpfs here
-REQUIRED_TOOLS = ("ip", "unshare", "setpriv", "mount", "nsenter", "ssh", "mpiexec", "bash")
-SSHD = "/usr/sbin/sshd"
 READ_CHUNK = 1 << 20
 # The master's log file (in memory, under /run) keeps its last MASTER_LOG_KEEP bytes once it
 # passes MASTER_LOG_MAX: it only serves the "last lines" of failure messages.
 MASTER_LOG_MAX = 16 << 20
 MASTER_LOG_KEEP = 1 << 20
-
-
-def check_prerequisites(path: str | None = None, state_dir: Path | None = None) -> list[str]:
-    """What this machine lacks to run the local backend (empty when it can).
-
-    ``path`` is the PATH pods get (its first entry is the interpreter's directory) and
-    ``state_dir`` where job files live: neither may be under /tmp, which every pod gets as an
-    empty private tmpfs, so the ranks would not find Python or the launch script.
-    """
-    problems = []
-    python_dir = (path or os.path.dirname(sys.executable)).split(os.pathsep)[0]
-    if _under(python_dir, PRIVATE_ROOTS):
-        problems.append(
-            f"a Python outside /tmp: this one ({python_dir}) is under /tmp, which every local pod gets as an"
-            " empty private tmpfs, so ranks cannot run it; install the virtualenv elsewhere (e.g. /var/tmp, /opt)"
-        )
-    if state_dir is not None and _under(str(state_dir), PRIVATE_ROOTS):
-        problems.append(
-            f"a state_dir outside /tmp: {state_dir} is hidden inside every local pod (private /tmp);"
-            " leave state_dir unset or pick e.g. /var/tmp/airflow-mpi"
-        )
-    if os.geteuid() != 0:
-        problems.append("root (network, PID and mount namespaces need it): run as root")
-    for tool in REQUIRED_TOOLS:
-        if shutil.which(tool) is None:
-            package = {"ip": "iproute2", "ssh": "openssh-client", "mpiexec": "openmpi-bin"}.get(tool, "util-linux")
-            problems.append(f"'{tool}' (apt-get install {package})")
-    if not Path(SSHD).exists():
-        problems.append(f"{SSHD} (apt-get install openssh-server)")
-    return problems
+# In the state directory: the mount points jobs of it made on this machine (absent before).
+MADE_MOUNT_POINTS = ".mount-points.json"
 
 
 def pod_mounts(plan: JobPlan, job_dir: Path, pod: str) -> list[Mount]:
@@ -129,12 +105,23 @@ class LocalBackend:
         problems = check_prerequisites(self.path, self.state_dir)
         if problems:
             raise BackendUnavailable("the local backend cannot run here; missing: " + "; ".join(problems))
-        self._check_supported(plan)
+        check_supported(plan)
         _warn_about_gpus(plan)
-        sandboxes.sweep(self.state_dir, keep=list(self._sandboxes))
-        self.teardown(plan.job_name)  # an earlier attempt of this very job
-        meta = {"ssh_port": plan.spec.ssh_port, "ssh_user": _user_name(plan)}
-        sandbox = Sandbox.create(self.state_dir, plan.job_name, meta=meta)
+        prepare_state_dir(self.state_dir)
+        self._refuse_collision(plan)
+        self.sweep()
+        self.teardown(plan.job_name)  # an earlier attempt of this very task instance, its owner gone
+        job_dir = self.state_dir / plan.job_name
+        meta = {
+            "ssh_port": plan.spec.ssh_port,
+            "ssh_user": _user_name(plan),
+            "owner": build_owner(plan),
+            # Recorded before they are made: a job ending meanwhile keeps what this one needs.
+            "mount_points": sorted({m.target for p in plan.pods for m in pod_mounts(plan, job_dir, p.name)}),
+        }
+        # Nothing of a job's reaches a pod from the host (probes run in the master's network), so
+        # the host has no address on the job's bridge: its services are out of the pods' reach.
+        sandbox = Sandbox.create(self.state_dir, plan.job_name, meta=meta, host_on_bridge=False)
         self._sandboxes[plan.job_name] = sandbox
         self._plans[plan.job_name] = plan
         try:
@@ -148,47 +135,6 @@ class LocalBackend:
             if isinstance(error, subprocess.SubprocessError | OSError):
                 raise LaunchError(f"local backend could not create job {plan.job_name}: {error}") from error
             raise
-
-    def _check_supported(self, plan: JobPlan) -> None:
-        issues = []
-        if len(plan.pods) > sandboxes.MAX_PODS:
-            issues.append(
-                SpecIssue(
-                    "workers.replicas",
-                    f"{len(plan.pods)} pods exceed the local backend's {sandboxes.MAX_PODS}",
-                    "use fewer",
-                )
-            )
-        for index, volume in enumerate(plan.spec.pod.volumes):
-            path = f"pod.volumes[{index}]"
-            if not (volume.host_path or volume.empty_dir):
-                issues.append(
-                    SpecIssue(
-                        path, f"{volume.sources[0]} volumes need Kubernetes", "use host_path or empty_dir locally"
-                    )
-                )
-            elif volume.host_path and not (Path(volume.host_path) / (volume.sub_path or "")).exists():
-                issues.append(SpecIssue(f"{path}.host_path", f"{volume.host_path} does not exist here", "create it"))
-            if volume.host_path and _under(volume.host_path, (*PRIVATE_ROOTS, plan.paths.runtime_dir, "/run/sshd")):
-                issues.append(
-                    SpecIssue(
-                        f"{path}.host_path",
-                        "is under /tmp or /run/sshd, which every local pod gets privately",
-                        "share data from another directory, e.g. /var/tmp/...",
-                    )
-                )
-        for index, argument in enumerate(plan.spec.command):
-            if argument.startswith("/") and _under(argument, PRIVATE_ROOTS) and Path(argument).exists():
-                issues.append(
-                    SpecIssue(
-                        f"command[{index}]",
-                        f"{argument} is under /tmp, which every local pod gets as an empty private tmpfs",
-                        "move the file elsewhere, e.g. /var/tmp/...",
-                    )
-                )
-        issues += _check_run_as(plan)
-        if issues:
-            raise SpecError(issues)
 
     def _write_files(self, sandbox: Sandbox, plan: JobPlan) -> None:
         config = sandbox.dir / "config"
@@ -214,10 +160,54 @@ class LocalBackend:
             if run_as is not None:  # the user reads its keys and writes its emptyDirs, as on Kubernetes
                 for path in owned:
                     os.chown(path, *run_as)
-        # Mount points the image has (docker/install-runtime.sh makes them on the host too).
-        mount_points = {m.target for p in plan.pods for m in pod_mounts(plan, sandbox.dir, p.name)}
-        for target in mount_points:
-            Path(target).mkdir(parents=True, exist_ok=True)
+        self._make_mount_points(sandbox.meta["mount_points"])
+
+    def _refuse_collision(self, plan: JobPlan) -> None:
+        """A recorded job of this name that is not this task's earlier attempt stops this one
+        before anything is created (or destroyed): see ``local_checks.collision_problem``."""
+        if plan.job_name in self._sandboxes:
+            return  # this backend's own earlier attempt
+        existing = Sandbox.load(self.state_dir, plan.job_name)
+        if existing is None:
+            return
+        problem = collision_problem(
+            plan, self.state_dir, existing.meta.get("owner"), existing.owner_pid, existing.owner_alive
+        )
+        if problem:
+            raise LaunchError(problem)
+
+    def _make_mount_points(self, targets: list[str]) -> None:
+        """Make the mount points the image has (docker/install-runtime.sh makes them on a host
+        too) where this machine lacks them, and remember each directory made, so the last job
+        that needs it removes it (``_remove_mount_points``)."""
+        with sandboxes.state_lock(self.state_dir):
+            made = _read_made(self.state_dir)
+            for target in targets:
+                missing = [p for p in (Path(target), *Path(target).parents) if not os.path.lexists(p)]
+                for path in reversed(missing):
+                    path.mkdir(mode=0o755)
+                    made.append(str(path))
+            _write_made(self.state_dir, made)
+
+    def _remove_mount_points(self) -> None:
+        """Remove the mount points jobs of this state directory made that no recorded job still
+        needs (deepest first, and only while empty: nothing else's is ever deleted)."""
+        with sandboxes.state_lock(self.state_dir):
+            made = _read_made(self.state_dir)
+            if not made:
+                return
+            needed = [str(t) for s in sandboxes.records(self.state_dir) for t in s.meta.get("mount_points", [])]
+            kept = []
+            for path in sorted(made, key=lambda p: p.count("/"), reverse=True):
+                if any(n == path or n.startswith(path.rstrip("/") + "/") for n in needed):
+                    kept.append(path)
+                    continue
+                try:
+                    os.rmdir(path)
+                except OSError as error:  # not empty, or a mount point: no longer only ours
+                    if not isinstance(error, FileNotFoundError):
+                        log.warning("leaving %s, made for local pods: %s", path, error)
+            _write_made(self.state_dir, kept)
 
     def _start_pod(
         self, sandbox: Sandbox, plan: JobPlan, pod: str, *, pipe_output: bool, extra_env: dict[str, str] | None = None
@@ -385,14 +375,15 @@ class LocalBackend:
         self._accepted.pop(job_name, None)
         if sandbox is not None:
             sandbox.destroy()
+            self._remove_mount_points()
 
     def leftovers(self, job_name: str) -> list[str]:
         sandbox = self._sandboxes.get(job_name) or Sandbox.load(self.state_dir, job_name)
         found = sandbox.leftovers() if sandbox is not None else []
         # Without a record, the names still tell: every pod's namespace is ampl-<job>-<role>-<i>.
-        prefix = f"{sandboxes.NETNS_PREFIX}{job_name}-"
+        prefix = f"{NETNS_PREFIX}{job_name}-"
         found += [f"network namespace {ns}" for ns in netns_list() if ns.startswith(prefix)]
-        found += [f"hosts directory {d}" for d in sandboxes.NETNS_HOSTS_DIR.glob(f"{prefix}*")]
+        found += [f"hosts directory {d}" for d in NETNS_HOSTS_DIR.glob(f"{prefix}*")]
         return sorted(set(found))
 
     def release(self, job_name: str) -> None:
@@ -400,10 +391,15 @@ class LocalBackend:
 
     def sweep(self) -> list[str]:
         """Remove every job whose owner process is gone (a crashed task or CLI run)."""
-        return sandboxes.sweep(self.state_dir, keep=list(self._sandboxes))
+        swept = sweep(self.state_dir, keep=list(self._sandboxes))
+        if swept:
+            self._remove_mount_points()
+        return swept
 
     def sweep_orphans(self) -> list[str]:
-        return sandboxes.sweep_orphans(self.state_dir)
+        removed = sweep_orphans(self.state_dir)
+        self._remove_mount_points()
+        return removed
 
     def _sandbox(self, job_name: str) -> Sandbox:
         sandbox = self._sandboxes.get(job_name) or Sandbox.load(self.state_dir, job_name)
@@ -412,40 +408,29 @@ class LocalBackend:
         return sandbox
 
 
+def _read_made(state_dir: Path) -> list[str]:
+    try:
+        made = json.loads((state_dir / MADE_MOUNT_POINTS).read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    # Only absolute, normalised paths are ever written: anything else is not ours to remove.
+    return [p for p in made if isinstance(p, str) and p.startswith("/") and os.path.normpath(p) == p and p != "/"]
+
+
+def _write_made(state_dir: Path, made: list[str]) -> None:
+    path = state_dir / MADE_MOUNT_POINTS
+    if not made:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f"{MADE_MOUNT_POINTS}.tmp")
+    tmp.write_text(json.dumps(sorted(set(made))))
+    tmp.replace(path)
+
+
 def _user_name(plan: JobPlan) -> str:
     """Who ssh logs in as: root, or the name of ``pod.run_as_user`` on this machine."""
     run_as = plan.spec.pod.run_as
     return "root" if run_as is None else pwd.getpwuid(run_as[0]).pw_name
-
-
-def _check_run_as(plan: JobPlan) -> list[SpecIssue]:
-    """The pods run this machine's files: a non-root uid needs a user here, as it needs one in an
-    image (ssh and sshd need its name, home and shell)."""
-    run_as = plan.spec.pod.run_as
-    if run_as is None:
-        return []
-    uid = run_as[0]
-    try:
-        user = pwd.getpwuid(uid)
-    except KeyError:
-        return [
-            SpecIssue(
-                "pod.run_as_user",
-                f"uid {uid} has no user on this machine, and the local backend runs the pods here: ssh and sshd "
-                "need a user name, home and shell for it",
-                f"create one: useradd --uid {uid} --create-home --shell /bin/bash mpiuser",
-            )
-        ]
-    if user.pw_shell.endswith(("/nologin", "/false")):
-        return [
-            SpecIssue(
-                "pod.run_as_user",
-                f"the user {user.pw_name} (uid {uid}) has the shell {user.pw_shell}, so every command mpiexec "
-                "starts over ssh would be refused",
-                f"give it a shell: usermod --shell /bin/bash {user.pw_name}",
-            )
-        ]
-    return []
 
 
 def _warn_about_gpus(plan: JobPlan) -> None:
@@ -476,8 +461,3 @@ def _append_bounded(log: BinaryIO, chunk: bytes) -> None:
         handle.write(tail)
         handle.truncate()
     log.seek(0, os.SEEK_END)
-
-
-def _under(path: str, roots: tuple[str, ...]) -> bool:
-    clean = os.path.normpath(path)
-    return any(clean == root or clean.startswith(root.rstrip("/") + "/") for root in roots)

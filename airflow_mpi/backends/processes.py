@@ -1,6 +1,7 @@
 """Processes and network namespaces of this machine, for the sandboxes: ``ip`` itself, which
 namespaces and links exist, which processes live in a namespace, and killing by PID with the
-process's start time checked (a PID the kernel reused is never killed).
+process's start time checked (a PID the kernel reused is never killed), and whether a PID is
+still a pod's first process (a PID read from a state record chooses nothing root kills).
 """
 
 from __future__ import annotations
@@ -60,6 +61,27 @@ def start_ticks(pid: int) -> int | None:
     if fields[0] == "Z":
         return None
     return int(fields[19])
+
+
+def is_pod_process(pid: int, start: int | None, netns: str) -> bool:
+    """Whether ``pid`` is still the first process a sandbox started for the pod of ``netns``: it
+    started at ``start`` (``/proc/<pid>/stat`` field 22; a reused PID started later), and it is
+    ours: ``pod-init`` is in its command line and it runs in the pod's network namespace (or, as
+    ``ip netns exec`` before entering it, names that namespace)."""
+    if start is None or start_ticks(pid) != start:
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if b"pod-init" not in argv:
+        return False
+    if netns.encode() in argv:
+        return True
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+    except OSError:
+        return False
 
 
 def pids_in_netns(names: Sequence[str]) -> list[int]:

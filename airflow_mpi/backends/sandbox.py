@@ -14,6 +14,12 @@ minus the image: the host's files seen through
 Used by the local backend (one sandbox per job) and by the Kubernetes API double's kubelet
 (one sandbox for the whole double). Every sandbox is recorded in ``<state_dir>/<name>/
 sandbox.json`` before anything is created, so a sandbox whose owner died is swept later.
+
+Root acts on these records (deletes the namespaces, links and directories they name, kills the
+processes they name), so nothing in one is trusted: the state directory must be root's alone
+(``prepare_state_dir``), a record is checked against the rules that made it before it is used
+(``Sandbox.load``), and a recorded PID is killed only while it is still the pod's first process
+(``processes.is_pod_process``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import fcntl
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import shutil
 import signal
@@ -36,32 +43,39 @@ from typing import IO, Any
 from airflow_mpi.backends.processes import (
     child_pids,
     host_networks,
+    is_pod_process,
     kill_all,
     kill_group,
     link_exists,
     netns_exists,
-    netns_list,
     pids_in_netns,
     run_ip,
     start_ticks,
     stop_pod_init,
     wait_gone,
 )
+from airflow_mpi.backends.sandbox_state import (
+    MAX_PODS,
+    NETNS_HOSTS_DIR,
+    NETNS_PREFIX,
+    RECORD,
+    SUBNET_POOL,
+    bridge_name,
+    name_problem,
+    prepare_state_dir,
+    record_problem,
+    veth_name,
+)
 from airflow_mpi.exceptions import LaunchError
 
-SUBNET_POOL = ipaddress.IPv4Network("10.244.0.0/16")
-NETNS_PREFIX = "ampl-"
-BRIDGE_PREFIX = "ampb"
-VETH_PREFIX = "ampv"
-NETNS_HOSTS_DIR = Path("/etc/netns")
-RECORD = "sandbox.json"
-MAX_PODS = 253  # one /24 per sandbox
+log = logging.getLogger(__name__)
 
 # PID 1 of every pod, after `ip netns exec` (network, hosts file) and `unshare` (uts, pid, mount).
 # Arguments only, never interpolated: the pod name, then "--tmpfs TARGET OPTIONS" and
 # "--bind SOURCE TARGET ro|rw" groups in order, optionally "--user UID GID", then "--" and the
 # command. With a user, the command runs as it with no capabilities (bounding set emptied) and
-# no_new_privs (setuid binaries cannot raise privileges): the mounts are made as root first.
+# no_new_privs (setuid binaries cannot raise privileges) and no supplementary groups (none of the
+# host's groups the user is in, e.g. docker or disk): the mounts are made as root first.
 POD_INIT = r"""
 set -euo pipefail
 printf '%s' "$1" >/proc/sys/kernel/hostname
@@ -81,7 +95,7 @@ while (($#)); do
 done
 cd /
 if ((${#user[@]})); then
-  exec setpriv --reuid "${user[0]}" --regid "${user[1]}" --init-groups --no-new-privs \
+  exec setpriv --reuid "${user[0]}" --regid "${user[1]}" --clear-groups --no-new-privs \
     --inh-caps=-all --bounding-set=-all -- "$@"
 fi
 exec "$@"
@@ -154,11 +168,19 @@ class Sandbox:
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, state_dir: Path, name: str, meta: dict[str, Any] | None = None) -> Sandbox:
-        """Allocate a free /24 and names, record them, then create the bridge."""
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def create(
+        cls, state_dir: Path, name: str, meta: dict[str, Any] | None = None, *, host_on_bridge: bool = True
+    ) -> Sandbox:
+        """Allocate a free /24 and names, record them, then create the bridge. With
+        ``host_on_bridge`` the host has the subnet's first address on it (it reaches the pods,
+        and they reach it); without, the bridge has no address at all (no IPv4, no IPv6 link-local)
+        and answers no ARP, so the pods reach each other and nothing of the host through it."""
+        problem = name_problem(name)
+        if problem:
+            raise LaunchError(f"sandbox name {name!r} {problem}")
+        prepare_state_dir(state_dir)
         digest = hashlib.sha256(name.encode()).hexdigest()
-        with _lock(state_dir):
+        with state_lock(state_dir):
             used = {s.subnet for s in records(state_dir)} | host_networks()
             subnets = list(SUBNET_POOL.subnets(new_prefix=24))
             start = int(digest[:8], 16) % len(subnets)
@@ -176,7 +198,7 @@ class Sandbox:
                 name=name,
                 dir=state_dir / name,
                 subnet=str(subnet),
-                bridge=f"{BRIDGE_PREFIX}{digest[:8]}",
+                bridge=bridge_name(name),
                 owner_pid=os.getpid(),
                 owner_start=start_ticks(os.getpid()) or 0,
                 meta=dict(meta or {}),
@@ -189,12 +211,16 @@ class Sandbox:
             staging.rename(sandbox.dir)
         try:
             gateway = next(iter(subnet.hosts()))
-            run_ip(
-                ["-batch", "-"],
-                f"link add {sandbox.bridge} type bridge\n"
-                f"addr add {gateway}/{subnet.prefixlen} dev {sandbox.bridge}\n"
-                f"link set {sandbox.bridge} up\n",
+            bridge = sandbox.bridge
+            address = (
+                f"addr add {gateway}/{subnet.prefixlen} dev {bridge}"
+                if host_on_bridge
+                else f"link set dev {bridge} addrgenmode none"
             )
+            run_ip(["-batch", "-"], f"link add {bridge} type bridge\n{address}\n")
+            if not host_on_bridge:  # not even for the host's other addresses (a root pod can route)
+                Path(f"/proc/sys/net/ipv4/conf/{bridge}/arp_ignore").write_text("8\n")
+            run_ip(["link", "set", bridge, "up"], "")
         except BaseException:
             sandbox.destroy()
             raise
@@ -202,6 +228,10 @@ class Sandbox:
 
     @classmethod
     def load(cls, state_dir: Path, name: str) -> Sandbox | None:
+        """The sandbox recorded as ``name``, or None when there is none. Raises ``LaunchError``
+        for a record that breaks the rules its names were made by (it is left as it is)."""
+        if name_problem(name):
+            return None  # no sandbox can have this name (e.g. a path)
         path = state_dir / name
         try:
             data = json.loads((path / RECORD).read_text())
@@ -210,6 +240,12 @@ class Sandbox:
         except ValueError:
             shutil.rmtree(path, ignore_errors=True)  # cut short by a crash
             return None
+        problem = record_problem(data, name)
+        if problem:
+            raise LaunchError(
+                f"the sandbox record {path / RECORD} is not one this backend wrote ({problem}): nothing it names "
+                f"was touched; remove {path} by hand once you know what made it"
+            )
         pods = {n: SandboxPod(**p) for n, p in data.pop("pods").items()}
         return cls(dir=path, pods=pods, **data)
 
@@ -245,8 +281,10 @@ class Sandbox:
         """Give each pod a network namespace with an IP on the bridge (recorded first)."""
         network = ipaddress.ip_network(self.subnet)
         hosts = list(network.hosts())
-        digest = hashlib.sha256(self.name.encode()).hexdigest()[:6]
         added = []
+        bad = [f"{name!r} {name_problem(name)}" for name in names if name_problem(name)]
+        if bad:
+            raise LaunchError(f"pod names in sandbox {self.name}: {'; '.join(bad)}")
         with self._lock:
             for name in names:
                 index = self.next_index
@@ -256,7 +294,7 @@ class Sandbox:
                 pod = SandboxPod(
                     name=name,
                     netns=f"{NETNS_PREFIX}{name}",
-                    veth=f"{VETH_PREFIX}{digest}x{index}",
+                    veth=veth_name(self.name, index),
                     ip=str(hosts[index + 1]),  # .1 is the bridge
                     meta=(meta or {}).get(name, {}),
                 )
@@ -333,10 +371,18 @@ class Sandbox:
         proc = self.procs.get(name)
         if proc is not None:
             return proc.poll()
-        pod = self.pods[name]
-        if pod.pid is not None and start_ticks(pod.pid) == pod.pid_start:
+        if self._running(self.pods[name]):
             return None
         return -signal.SIGKILL  # started by another process that is gone: cannot know
+
+    @staticmethod
+    def _running(pod: SandboxPod) -> bool:
+        """The pod's recorded first process still runs (and is that process, not a reused PID)."""
+        return pod.pid is not None and is_pod_process(pod.pid, pod.pid_start, pod.netns)
+
+    def names(self) -> set[str]:
+        """Every namespace and link this sandbox names (two records never share one)."""
+        return {self.bridge, *(n for p in self.pods.values() for n in (p.netns, p.veth))}
 
     def started(self, name: str) -> bool:
         return self.pods[name].pid is not None
@@ -346,7 +392,7 @@ class Sandbox:
         and PID namespace (what ``kubectl exec`` is to a container). Raises ``LaunchError``
         when the pod does not run."""
         pod = self.pods[name]
-        init = child_pids(pod.pid)[:1] if pod.pid is not None and start_ticks(pod.pid) == pod.pid_start else []
+        init = child_pids(pod.pid)[:1] if pod.pid is not None and self._running(pod) else []
         if not init:
             raise LaunchError(f"pod {name} is not running")
         command = ["nsenter", f"--target={init[0]}", "--net", "--uts", "--mount", "--pid", "--", *argv]
@@ -368,10 +414,10 @@ class Sandbox:
                 proc.wait(timeout=10)
             if proc.stdout is not None:
                 proc.stdout.close()
-        elif pod.pid is not None and start_ticks(pod.pid) == pod.pid_start:
+        elif pod.pid is not None and self._running(pod):
             stop_pod_init(pod.pid)
             wait_gone(pod.pid, pod.pid_start, timeout=10)
-            if start_ticks(pod.pid) == pod.pid_start:
+            if self._running(pod):
                 kill_group(pod.pid)
         # Anything still inside the pod's network namespace: e.g. a pod whose owner was killed
         # while it was starting, before its parent-death signal was armed.
@@ -411,11 +457,7 @@ class Sandbox:
         found += [f"network namespace {p.netns}" for p in self.pods.values() if netns_exists(p.netns)]
         links = (self.bridge, *(p.veth for p in self.pods.values()))
         found += [f"link {name}" for name in links if link_exists(name)]
-        found += [
-            f"process {p.pid} of pod {p.name}"
-            for p in self.pods.values()
-            if p.pid is not None and start_ticks(p.pid) == p.pid_start
-        ]
+        found += [f"process {p.pid} of pod {p.name}" for p in self.pods.values() if self._running(p)]
         found += [f"process {pid} in a pod's network" for pid in pids_in_netns([p.netns for p in self.pods.values()])]
         found += [
             f"hosts directory {NETNS_HOSTS_DIR / p.netns}"
@@ -429,53 +471,24 @@ class Sandbox:
 
 
 def records(state_dir: Path) -> list[Sandbox]:
+    """Every valid record in ``state_dir``; one that is not is logged and left alone."""
     if not state_dir.exists():
         return []
     found = []
     for entry in sorted(state_dir.iterdir()):
-        if entry.is_dir() and not entry.name.startswith("."):
-            sandbox = Sandbox.load(state_dir, entry.name)
+        if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("."):
+            try:
+                sandbox = Sandbox.load(state_dir, entry.name)
+            except LaunchError as error:
+                log.warning("%s", error)
+                continue
             if sandbox is not None:
                 found.append(sandbox)
     return found
 
 
-def sweep(state_dir: Path, keep: Sequence[str] = ()) -> list[str]:
-    """Destroy every sandbox whose owner process is gone (a crashed task, CLI run or test)."""
-    swept = []
-    for sandbox in records(state_dir):
-        if sandbox.name not in keep and not sandbox.owner_alive:
-            sandbox.destroy()
-            swept.append(sandbox.name)
-    return swept
-
-
-def sweep_orphans(state_dir: Path) -> list[str]:
-    """Remove namespaces, links and hosts files of ours that no record describes and no process
-    uses (e.g. after a state directory was deleted by hand). Only for an explicit clean-up: a
-    sandbox of another state directory being created right now would look the same."""
-    sweep(state_dir)
-    known = records(state_dir)
-    known_netns = {p.netns for s in known for p in s.pods.values()}
-    known_links = {n for s in known for n in (s.bridge, *(p.veth for p in s.pods.values()))}
-    removed = []
-    for name in netns_list():
-        if name.startswith(NETNS_PREFIX) and name not in known_netns and not pids_in_netns([name]):
-            run_ip(["netns", "del", name], "", check=False)
-            removed.append(f"network namespace {name}")
-    for link in sorted(os.listdir("/sys/class/net")):
-        if link.startswith((BRIDGE_PREFIX, VETH_PREFIX)) and link not in known_links:
-            run_ip(["link", "del", link], "", check=False)
-            removed.append(f"link {link}")
-    for hosts in NETNS_HOSTS_DIR.glob(f"{NETNS_PREFIX}*"):
-        if hosts.name not in known_netns:
-            shutil.rmtree(hosts, ignore_errors=True)
-            removed.append(f"hosts directory {hosts}")
-    return removed
-
-
 @contextlib.contextmanager
-def _lock(state_dir: Path) -> Iterator[None]:
+def state_lock(state_dir: Path) -> Iterator[None]:
     with (state_dir / ".lock").open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -474,19 +474,23 @@ run_rank() {
 # A process is signalled only while it catches SIGUSR2 (SigCgt), so asking never kills anything.
 # S: answered; stopped (no answer, the process is stopped, e.g. SIGSTOP); silent (no answer in
 # time: stuck outside Python, e.g. in the kernel); uncaught (not signalled: no handler any more).
+# Asked as root (the local backend enters a pod as root) in a pod whose runtime directory the
+# job's user owns, it runs again as that user (stacks_as_owner): the user could have planted a
+# symbolic link there, and root would read, delete or signal through it.
 STACK_BYTES=65536 # of one process's dump shown
 
 take_stacks() {
   local wait="${1:-5}" dir="$RUNTIME_DIR/stacks" me="${HOSTNAME%%.*}" file name rank pid i state size
   local -a files=() ranks=() pids=() before=() states=() last=()
   require_count seconds "$wait"
+  stacks_as_owner "$wait"
   shopt -s nullglob
   for file in "$dir"/rank-*.*; do
     name="${file##*/rank-}"
     rank="${name%%.*}" pid="${name#*.}"
     [[ "$rank" =~ ^[0-9]+$ && "$pid" =~ ^[0-9]+$ ]] || continue
     if [[ ! -r "/proc/$pid/status" ]]; then
-      rm -f -- "$file" # its process ended without unregistering (killed)
+      rm -f -- "$file" 2>/dev/null || true # its process ended without unregistering (killed)
       continue
     fi
     state=uncaught
@@ -530,6 +534,19 @@ take_stacks() {
       tail -c +"$((before[i] + 1))" -- "${files[i]}" | head -c "$STACK_BYTES"
       printf '\n'
     fi
+  done
+}
+
+stacks_as_owner() { # seconds: as root, exec `stacks` again as the user owning the runtime dir
+  ((EUID == 0)) || return 0
+  local path owner group
+  for path in "$RUNTIME_DIR" "$RUNTIME_DIR/stacks"; do
+    [[ -e "$path" || -L "$path" ]] || continue
+    read -r owner group < <(stat -c '%u %g' -- "$path") # a link's own owner: stat without -L
+    ((owner != 0)) || continue
+    command -v setpriv >/dev/null || die "stacks: $path is uid $owner's, so root will not act in it; install setpriv (util-linux) to ask as that user"
+    exec setpriv --reuid "$owner" --regid "$group" --clear-groups --no-new-privs --inh-caps=-all \
+      --bounding-set=-all -- bash "${BASH_SOURCE[0]}" stacks "$1"
   done
 }
 

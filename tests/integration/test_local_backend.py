@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -335,6 +336,43 @@ def test_crashed_owner_is_swept_by_the_next_job(backend: LocalBackend, state_roo
     owner.wait()
     run(backend, make_plan(["true"], workers={"replicas": 0}))  # any next job sweeps
     assert backend.leftovers(job_name) == []  # records, namespaces, links, and every process in them
+
+
+def test_mount_points_the_job_made_on_the_host_go_with_it(backend: LocalBackend, shared_dir: Path) -> None:
+    mount = shared_dir / "made" / "data"
+    volume = {"name": "scratch", "mount_path": str(mount), "empty_dir": True}
+    plan = make_plan(["test", "-d", str(mount)], workers={"replicas": 1}, pod={"volumes": [volume]})
+    assert run(backend, plan).exit_code == 0  # the pods had it
+    assert not (shared_dir / "made").exists()  # the host keeps nothing it did not have
+    assert shared_dir.is_dir()
+
+
+# From a pod: connect to a TCP port at the pod network's first address (once the host's own
+# address on the job's bridge) and at every address of the host's other interfaces.
+HOST_PROBE = """
+import socket, sys
+port, addresses = int(sys.argv[1]), sys.argv[2:]
+ip = socket.gethostbyname(socket.gethostname())
+for host in [ip.rsplit(".", 1)[0] + ".1", *addresses]:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        print("REACHED", host, flush=True)
+    except OSError as error:
+        print("REFUSED", host, type(error).__name__, flush=True)
+"""
+
+
+def test_pods_cannot_reach_a_host_service_through_their_bridge(backend: LocalBackend) -> None:
+    addresses = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout.split()
+    ipv4 = [a for a in addresses if "." in a and not a.startswith("10.244.")]
+    with socket.create_server(("0.0.0.0", 0)) as server:  # a host service on every address
+        port = server.getsockname()[1]
+        log = Log()
+        plan = make_plan([PY, "-c", HOST_PROBE, str(port), *ipv4], workers={"replicas": 0})
+        assert run(backend, plan, log).exit_code == 0
+    answers = [line for line in log.lines if "REACHED" in line or "REFUSED" in line]
+    assert len(answers) == 1 + len(ipv4), log.lines
+    assert not [line for line in answers if "REACHED" in line], answers
 
 
 def test_cli_run_exits_with_the_jobs_code(state_root: Path, shared_dir: Path) -> None:

@@ -7,10 +7,12 @@ Every test ends with the leak check of conftest.
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from tests.integration.conftest import SHARED_ROOT
 from tests.integration.test_local_backend import Log
 
 TEST_USER = "airflow-mpi-test"
+HOST_GROUP = "airflow-mpi-test-host"  # a supplementary group of the user on this machine
 PORT = 2222
 LAUNCH = Path(__file__).resolve().parents[2] / "airflow_mpi" / "scripts" / "launch.sh"
 
@@ -46,6 +49,7 @@ ssh = "/run/airflow-mpi/ssh"
 files = {n: [os.stat(f"{ssh}/{n}").st_uid, oct(os.stat(f"{ssh}/{n}").st_mode & 0o777)] for n in os.listdir(ssh)}
 print("REPORT", json.dumps({
     "rank": int(os.environ["RANK"]), "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
+    "groups": sorted(os.getgroups()),
     "cap_eff": me["CapEff"], "cap_bnd": me["CapBnd"], "no_new_privs": me["NoNewPrivs"],
     "home": os.environ["HOME"], "sshd_uids": sshd,
     "ssh_dir": [os.stat(ssh).st_uid, oct(os.stat(ssh).st_mode & 0o777)], "ssh_files": files,
@@ -55,8 +59,10 @@ print("REPORT", json.dumps({
 
 @pytest.fixture(scope="module")
 def user() -> Iterator[pwd.struct_passwd]:
-    """A non-root user with a home and bash; created here when absent, then removed."""
+    """A non-root user with a home and bash, and a member of a group of this machine (its pods
+    must not get it); created here when absent, then removed."""
     created = False
+    subprocess.run(["groupadd", "--system", HOST_GROUP], check=False, capture_output=True)
     try:
         pwd.getpwnam(TEST_USER)
     except KeyError:
@@ -67,9 +73,11 @@ def user() -> Iterator[pwd.struct_passwd]:
             capture_output=True,
         )
         created = True
+    subprocess.run(["usermod", "--append", "--groups", HOST_GROUP, TEST_USER], check=True, capture_output=True)
     yield pwd.getpwnam(TEST_USER)
     if created:
         subprocess.run(["userdel", "--remove", TEST_USER], check=False, capture_output=True)
+    subprocess.run(["groupdel", HOST_GROUP], check=False, capture_output=True)
 
 
 def make_plan(user: pwd.struct_passwd, command: list[str], **fields: Any) -> JobPlan:
@@ -96,6 +104,9 @@ def test_sshd_and_every_rank_run_as_the_user(backend: LocalBackend, user: pwd.st
     assert [r["rank"] for r in reports] == [0, 1, 2]
     for report in reports:
         assert (report["uid"], report["euid"], report["gid"]) == (user.pw_uid, user.pw_uid, user.pw_gid)
+        # None of the host's groups of the user (it is in HOST_GROUP here): only its own gid at most.
+        assert grp.getgrnam(HOST_GROUP).gr_gid not in report["groups"]
+        assert set(report["groups"]) <= {user.pw_gid}
         assert report["cap_eff"] == "0000000000000000" and report["cap_bnd"] == "0000000000000000"
         assert report["no_new_privs"] == "1"
         assert report["home"] == user.pw_dir
@@ -162,3 +173,36 @@ def test_launch_script_refuses_a_runtime_dir_the_user_does_not_own(user: pwd.str
     assert f"{runtime} belongs to uid:gid 0:0 (mode 1777), not to uid {user.pw_uid}" in done.stderr
     assert "sshd would refuse the job key (StrictModes)" in done.stderr
     assert f"install -d -o {user.pw_uid} -g {user.pw_gid} -m 0755 {runtime}" in done.stderr
+
+
+# A rank that sleeps in a function the stacks must name.
+NAPPING = """
+import os, time
+def napping_step(step):
+    time.sleep(0.25)
+for step in range(40):
+    print(f"step {step} rank {os.environ['RANK']}", flush=True)
+    napping_step(step)
+"""
+
+
+def test_stacks_of_a_users_job_are_taken_as_that_user(backend: LocalBackend, user: pwd.struct_passwd) -> None:
+    # Root enters the pods and `launch.sh stacks` goes on as the user owning their runtime
+    # directory: the dumps still come, from every rank.
+    plan = make_plan(user, ["/usr/bin/python3", "-c", NAPPING], workers={"replicas": 1})
+    log = Log()
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(JobRunner(backend, plan, log).run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(line.endswith("step 2 rank 0") for line in log.lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        outputs, errors = backend.take_stacks(plan.job_name, 3)
+    finally:
+        thread.join(120)
+    assert not errors, errors
+    text = "\n".join(outputs.values())
+    assert results and results[0].exit_code == 0
+    assert text.count("state=answered") == results[0].np, text
+    assert "napping_step" in text
