@@ -545,6 +545,7 @@ stacks_as_owner() { # seconds: as root, exec `stacks` again as the user owning t
     read -r owner group < <(stat -c '%u %g' -- "$path") # a link's own owner: stat without -L
     ((owner != 0)) || continue
     command -v setpriv >/dev/null || die "stacks: $path is uid $owner's, so root will not act in it; install setpriv (util-linux) to ask as that user"
+    # shellcheck disable=SC2093 # exec on purpose: the first path another user owns decides
     exec setpriv --reuid "$owner" --regid "$group" --clear-groups --no-new-privs --inh-caps=-all \
       --bounding-set=-all -- bash "${BASH_SOURCE[0]}" stacks "$1"
   done
