@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from airflow_mpi.backends.base import Backend, FoundJob, PlanningBackend, ReattachableBackend
+from airflow_mpi.exceptions import JobNotFound
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.observe.status import JobPhase, evaluate_job
@@ -35,8 +36,16 @@ def find_earlier_jobs(
     """The jobs of every try of this task instance in ``namespaces`` (the ones earlier tries
     recorded) and in the namespace this spec gives, newest try first."""
     found: dict[tuple[str, str], FoundJob] = {}
-    for namespace in dict.fromkeys([*namespaces, backend.namespace_for(spec)]):
-        for job in backend.find_jobs(identity, namespace):
+    current = backend.namespace_for(spec)
+    for namespace in dict.fromkeys([*namespaces, current]):
+        try:
+            jobs = backend.find_jobs(identity, namespace)
+        except JobNotFound:
+            if namespace == current:
+                raise  # this try's own namespace: its create would fail the same way
+            log.info("namespace %s, where an earlier try ran, is gone: nothing of it to remove", namespace)
+            continue
+        for job in jobs:
             found[(job.namespace, job.job_name)] = job
     return sorted(found.values(), key=lambda job: job.try_number, reverse=True)
 
