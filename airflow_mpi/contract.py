@@ -28,9 +28,9 @@ class HostsMode(str, Enum):
 
 
 # Pod names (``<job>-<role>-<index>``) are DNS-1123 labels: at most 63 characters. The job name is
-# ``<spec.name>-<JOB_HASH_LEN hex>`` so two runs never collide (naming.build_job_name).
+# ``<spec.name>-<JOB_HASH_LEN base32>`` so two runs never collide (naming.build_job_name).
 MAX_DNS_LABEL = 63
-JOB_HASH_LEN = 8
+JOB_HASH_LEN = 13  # base32 characters: 65 bits (naming.build_job_name)
 # Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around:
 # activeDeadlineSeconds = startup_timeout + timeout + this grace.
 DEADLINE_GRACE_SECONDS = 60

@@ -53,6 +53,11 @@ class LaunchError(BackendError):
     """Creating the job's pods or shared objects failed."""
 
 
+class JobNameTaken(LaunchError):
+    """The job's name is held by another job's object (another deployment, task, run or try):
+    it is left alone, and the message names both owners."""
+
+
 class BackendRequestFailed(BackendError):
     """Reading, listing, deleting or following something of a job failed (not a create)."""
 

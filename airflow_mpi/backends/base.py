@@ -63,7 +63,7 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class FoundJob:
-    """A job of another try of the same task instance (for reattach)."""
+    """A job of a try of the same task instance (for reattach), and the namespace it is in."""
 
     job_name: str
     namespace: str
@@ -83,6 +83,10 @@ class ReattachableBackend(Backend, Protocol):
 
     def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
         """Watch an existing job (an earlier try's, or one a deferral left) as if created here."""
+
+    def remove_found(self, found: FoundJob) -> list[str]:
+        """Tear down a job ``find_jobs`` found, in the namespace it was found in (not this
+        backend's default); what of it is left (as ``leftovers``)."""
 
 
 @runtime_checkable

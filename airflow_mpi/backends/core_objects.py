@@ -32,7 +32,7 @@ from airflow_mpi.backends.k8s_errors import (
     translate,
 )
 from airflow_mpi.exceptions import BackendError, LaunchError
-from airflow_mpi.job.naming import LABEL_JOB
+from airflow_mpi.job.naming import LABEL_JOB, LABEL_RUN_KEY, LABEL_TRY_NUMBER
 from airflow_mpi.observe.cursor import followed_log_call
 
 Obj = dict[str, Any]
@@ -287,6 +287,9 @@ class CoreObjects:
 
 
 def same_job(existing: Obj, manifest: Obj) -> bool:
-    """Whether an object found in a create's place carries the job label the manifest does."""
-    ours = manifest["metadata"].get("labels", {}).get(LABEL_JOB)
-    return bool(ours) and (existing.get("metadata", {}).get("labels") or {}).get(LABEL_JOB) == ours
+    """Whether an object found in a create's place carries the job and owner labels the manifest
+    does (the same try of the same task instance of the same deployment: ``identity.owned_by``)."""
+    ours = manifest["metadata"].get("labels") or {}
+    theirs = existing.get("metadata", {}).get("labels") or {}
+    keys = (LABEL_JOB, LABEL_RUN_KEY, LABEL_TRY_NUMBER)
+    return bool(ours.get(LABEL_JOB)) and all(theirs.get(key) == ours.get(key) for key in keys)

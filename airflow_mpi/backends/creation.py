@@ -3,6 +3,8 @@ nothing: the ``pods`` kind's Service first (the owner of everything else), then 
 ConfigMap, then the worker pods concurrently (the master once they are ready, or with them for a
 gang); a controller's kind's top object and our Secret and ConfigMap made its dependents. An
 earlier attempt of the same try is removed first; a create that fails tears down what it made.
+An object found under the job's name that another job owns (``identity.owned_by``) is never
+deleted: the create fails with ``JobNameTaken``, naming both owners.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from airflow_mpi.backends.core_objects import AlreadyExists, CoreObjects
 from airflow_mpi.backends.custom_objects import CustomObjects
 from airflow_mpi.backends.pod_watch import WatchedJob
 from airflow_mpi.backends.removal import TEARDOWN_WAIT
-from airflow_mpi.exceptions import BackendUnreachable, LaunchError
+from airflow_mpi.exceptions import BackendUnreachable, JobNameTaken, LaunchError
+from airflow_mpi.job.identity import RunIdentity, owned_by, render_name_taken
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.gang import POD_GROUP_KINDS
@@ -55,7 +58,7 @@ class JobCreation:
     def _create_pods_job(self, plan: JobPlan, namespace: str) -> None:
         manifests = self.kind.render(plan, namespace)
         try:
-            service = self._create_service(namespace, manifests[0])
+            service = self._create_service(namespace, manifests[0], plan.identity)
             owner = self.kind.owner_reference(plan, service["metadata"]["uid"])
             # Watch from the Service's version: every event of the pods created next is seen.
             job = self.watch(plan, namespace, service["metadata"]["resourceVersion"])
@@ -73,7 +76,8 @@ class JobCreation:
         except BaseException as error:
             # Even a create that timed out may have been applied. Not when the API has just been
             # silent for the whole bound, though: the caller's teardown (bounded) tries that again.
-            if not isinstance(error, BackendUnreachable):
+            # Nor when the name is another job's: nothing was created, and nothing of it may go.
+            if not isinstance(error, BackendUnreachable | JobNameTaken):
                 with contextlib.suppress(Exception):  # the create's own error is the one to raise
                     self.remove(plan.job_name, namespace)
                 # A refused pod (e.g. by PodSecurity admission) leaves no pod for teardown to wait
@@ -100,13 +104,17 @@ class JobCreation:
         job.roles[job.master] = Role.MASTER
         self._create_pods(namespace, [obj for obj in objects if obj["kind"] == "Pod"])
 
-    def _create_service(self, namespace: str, manifest: Obj) -> Obj:
+    def _create_service(self, namespace: str, manifest: Obj, identity: RunIdentity) -> Obj:
         name = manifest["metadata"]["name"]
         for _ in range(3):
             try:
                 return self.objects.create(namespace, "services", manifest)
-            except AlreadyExists:
-                # A Service of this very job is there: an earlier attempt of the same try.
+            except AlreadyExists as taken:
+                existing = taken.existing or self.objects.get(namespace, "services", name)
+                if existing is None:
+                    continue  # gone since: create again
+                check_owner("Service", existing, namespace, identity, taken)
+                # A Service of this very try is there: an earlier attempt of it.
                 self.objects.delete(namespace, "services", name, propagation="Foreground")
                 deadline = time.monotonic() + TEARDOWN_WAIT
                 while self.objects.get(namespace, "services", name) is not None and time.monotonic() < deadline:
@@ -119,15 +127,17 @@ class JobCreation:
         (``creates_ours_before_top``) before it and then given their owner."""
         kind, top = self.kind, self.kind.top_resource
         top_object, *ours = kind.render(plan, namespace)
-        if self.custom.get(namespace, top, plan.job_name) is not None:
+        earlier = self.custom.get(namespace, top, plan.job_name)
+        if earlier is not None:
+            check_owner(kind.top_label, earlier, namespace, plan.identity)
             self._delete_earlier_attempt(namespace, plan.job_name)  # its pods may be half-way
         made: list[Obj] = []
         try:
             if kind.creates_ours_before_top():
                 for obj in ours:
                     obj["metadata"].pop("ownerReferences", None)
-                    made.append(self._create_fresh(namespace, obj))
-            created = self._create_top(namespace, top_object)
+                    made.append(self._create_fresh(namespace, obj, plan.identity))
+            created = self._create_top(namespace, top_object, plan.identity)
             job = self.watch(plan, namespace, created["metadata"]["resourceVersion"])
             job.roles[plan.master.name] = Role.MASTER  # the controller creates it with the workers
             owner = kind.owner_reference(plan, created["metadata"]["uid"])
@@ -139,21 +149,26 @@ class JobCreation:
             if not kind.creates_ours_before_top():
                 for obj in ours:
                     self._create(namespace, obj)
-        except BaseException:
-            with contextlib.suppress(Exception):  # the create's own error is the one to raise
-                self.remove(plan.job_name, namespace)
+        except BaseException as error:
+            if not isinstance(error, JobNameTaken):  # else the top object by this name is another job's
+                with contextlib.suppress(Exception):  # the create's own error is the one to raise
+                    self.remove(plan.job_name, namespace)
             for obj in made:  # not owned yet, or the collector is slow: now
                 with contextlib.suppress(Exception):
                     self._delete(namespace, obj)
             raise
 
-    def _create_top(self, namespace: str, manifest: Obj) -> Obj:
+    def _create_top(self, namespace: str, manifest: Obj, identity: RunIdentity) -> Obj:
         """Create the top object; a refusal the kind knows to pass by itself (a webhook whose cache
         has not seen the objects made just before) is tried again for up to ``TOP_REFUSED_WAIT``."""
         deadline, pause = time.monotonic() + TOP_REFUSED_WAIT, 0.2
         while True:
             try:
                 return self.custom.create(namespace, self.kind.top_resource, manifest)
+            except AlreadyExists as taken:  # made since it was looked for
+                if taken.existing is not None:
+                    check_owner(self.kind.top_label, taken.existing, namespace, identity, taken)
+                raise
             except LaunchError as error:
                 if not self.kind.refused_for_now(str(error)) or time.monotonic() + pause > deadline:
                     raise
@@ -180,11 +195,14 @@ class JobCreation:
         else:
             self.objects.delete(namespace, resource[2], name)
 
-    def _create_fresh(self, namespace: str, manifest: Obj) -> Obj:
-        """Create; one left by an attempt that died before its top object existed is replaced."""
+    def _create_fresh(self, namespace: str, manifest: Obj, identity: RunIdentity) -> Obj:
+        """Create; one left by an attempt of this try that died before its top object existed
+        is replaced (another job's is not)."""
         try:
             return self._create(namespace, manifest)
-        except AlreadyExists:
+        except AlreadyExists as taken:
+            if taken.existing is not None:
+                check_owner(manifest["kind"], taken.existing, namespace, identity, taken)
             self._delete(namespace, manifest)
             return self._create(namespace, manifest)
 
@@ -202,3 +220,12 @@ class JobCreation:
             time.sleep(0.5)
         if not gone:
             raise LaunchError(f"{label} {name}: an earlier attempt's {label} is still being deleted")
+
+
+def check_owner(what: str, found: Obj, namespace: str, identity: RunIdentity, cause: Exception | None = None) -> None:
+    """Raise ``JobNameTaken`` (naming both owners) unless ``found`` is this very try's own."""
+    meta = found.get("metadata") or {}
+    if owned_by(identity, meta.get("labels")):
+        return
+    name, labels, annotations = meta.get("name", "?"), meta.get("labels"), meta.get("annotations")
+    raise JobNameTaken(render_name_taken(what, name, namespace, identity, labels, annotations)) from cause

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.backends.base import FoundJob
-from airflow_mpi.backends.core_objects import AlreadyExists
+from airflow_mpi.backends.core_objects import AlreadyExists, same_job
 from airflow_mpi.backends.k8s_errors import (
     CONFLICT,
     NOT_FOUND,
@@ -64,7 +64,7 @@ class CustomObjects:
         except Exception as error:
             if api_status(error) == CONFLICT:
                 existing = self.get(namespace, gvk, name, since)
-                if attempts > 1 and existing is not None:
+                if attempts > 1 and existing is not None and same_job(existing, body):
                     return existing  # a retried POST whose first attempt went through
                 raise AlreadyExists(f"{gvk[3]} {name} already exists in {namespace}", existing) from error
             raise translate(error, ApiRequest("create", plural, namespace, name), self.api_url) from error

@@ -38,6 +38,7 @@ from airflow_mpi.backends.log_follow import MasterLogFollow
 from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.backends.removal import JobRemoval
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
+from airflow_mpi.job.identity import owned_by
 from airflow_mpi.job.naming import RunIdentity, job_selector
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.manifests import render_manifests
@@ -81,6 +82,9 @@ class KubernetesBackend:
         self.log_read_timeout = log_read_timeout
         self.api_timeout = api_timeout
         self._jobs: dict[str, WatchedJob] = {}
+        # The jobs this backend was asked to create or adopt: who owns each, and where it is.
+        self._owners: dict[str, tuple[RunIdentity, str]] = {}
+        self._foreign: set[str] = set()  # names found held by another job: never torn down here
         self._permitted: set[tuple[str, Any]] = set()  # (namespace, permissions) checked
 
     # --- clients --------------------------------------------------------------------------
@@ -181,6 +185,7 @@ class KubernetesBackend:
 
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
+        self._owners[plan.job_name] = (plan.identity, namespace)
         self.check_permissions(namespace, plan.spec)
         self.creation.create(plan, namespace)
 
@@ -373,18 +378,49 @@ class KubernetesBackend:
     def teardown(self, job_name: str) -> None:
         """Delete the job's top object (the rest goes with it) and wait until its pods are gone,
         deleting any the garbage collector has not reached in time. Bounded: when the API
-        refuses or stays silent for ``api_timeout``, raises that error (the job may be left)."""
-        self._teardown(job_name, self._namespace or "default")
+        refuses or stays silent for ``api_timeout``, raises that error (the job may be left).
+        A job this backend created or adopted is removed where it is, and only if it is its own."""
+        self._teardown(job_name, self._where(job_name))
+
+    def _where(self, job_name: str) -> str:
+        """The job's namespace: where this backend watches it, created or adopted it, else its default."""
+        job = self._jobs.get(job_name)
+        if job is not None:
+            return job.namespace
+        owner = self._owners.get(job_name)
+        return owner[1] if owner is not None else self._namespace or "default"
 
     def _teardown(self, job_name: str, namespace: str) -> None:
-        """``teardown`` of a job in ``namespace`` unless this backend watches it (it knows where)."""
+        """``teardown`` of a job in ``namespace`` unless this backend watches it (it knows where).
+        A job asked for but not watched (its create failed before its top object was made) may
+        share its name with another job's top object: that one is left alone."""
         job = self._jobs.get(job_name)
+        if job is None and job_name in self._owners:
+            identity = self._owners[job_name][0]
+            top = self.tops.get(namespace, job_name)
+            if top is not None and not owned_by(identity, top["metadata"].get("labels")):
+                _log.warning("not removing %s in namespace %s: it is another job's", job_name, namespace)
+                self._foreign.add(job_name)
+                return
         self.removal.remove(job, job_name, job.namespace if job else namespace)
 
     def leftovers(self, job_name: str) -> list[str]:
-        """What of the job still exists (``JobRemoval.leftovers``); the job is forgotten here."""
+        """What of the job still exists (``JobRemoval.leftovers``); the job is forgotten here.
+        Nothing of a name another job holds is this job's."""
+        namespace = self._where(job_name)
         job = self._jobs.pop(job_name, None)
-        return self.removal.leftovers(job, job_name, job.namespace if job else self._namespace or "default")
+        self._owners.pop(job_name, None)
+        if job_name in self._foreign:
+            self._foreign.discard(job_name)
+            return []
+        return self.removal.leftovers(job, job_name, namespace)
+
+    def remove_found(self, found: FoundJob) -> list[str]:
+        """Tear down a job ``find_jobs`` found, in its own namespace; what is left of it."""
+        self._teardown(found.job_name, found.namespace)
+        job = self._jobs.pop(found.job_name, None)
+        self._owners.pop(found.job_name, None)
+        return self.removal.leftovers(job, found.job_name, job.namespace if job else found.namespace)
 
     # --- retries: find and adopt the job of an earlier try ---------------------------------
 
@@ -396,6 +432,7 @@ class KubernetesBackend:
     def adopt(self, plan: JobPlan, namespace: str) -> list[PodState]:
         """Watch an existing job (an earlier try's) as if it had been created here; a generated
         master counts from the start (its controller creates it with the workers)."""
+        self._owners[plan.job_name] = (plan.identity, namespace)
         job = self._watch(plan, namespace, "")  # list first
         watcher = job.watcher
         watcher.wait_listed(30)

@@ -3,7 +3,7 @@
 airflow-mpi render SPEC.yaml [--backend kubernetes|volcano|mpijob] [--run-id ID] [--namespace NS]
     [--show-secrets] [--json]
 airflow-mpi validate SPEC.yaml
-airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator)
+airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as the operator; each run its own id)
 airflow-mpi run SPEC.yaml [--backend kubernetes|volcano|mpijob] [--kubeconfig F | --conn-id ID]  (on a cluster)
 airflow-mpi jobs | logs JOB [-f] | delete JOB | gc --older-than D [--yes]  (jobs on a cluster: cli_cluster)
 airflow-mpi stacks JOB [--wait S] [--local]  (every rank's Python stack of a running job, local or cluster)
@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import secrets
 import sys
+import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,10 +89,20 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else str(problem)
 
 
-def cli_identity(spec: MPIJobSpec, args: argparse.Namespace) -> RunIdentity:
+def cli_identity(spec: MPIJobSpec, args: argparse.Namespace, run_id: str = "manual") -> RunIdentity:
+    """The run identity from ``--dag-id``, ``--task-id``, ``--run-id`` (else ``run_id``), ``--try-number``."""
     return RunIdentity(
-        dag_id=args.dag_id, task_id=args.task_id or spec.name, run_id=args.run_id, try_number=args.try_number
+        dag_id=args.dag_id,
+        task_id=args.task_id or spec.name,
+        run_id=args.run_id or run_id,
+        try_number=args.try_number,
     )
+
+
+def invocation_run_id(now: float, token: str) -> str:
+    """``airflow-mpi run``'s own run id: two runs of one spec at once never share a job."""
+    stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H-%M-%S")
+    return f"cli__{stamp}_{token}"
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -141,7 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from airflow_mpi.cli.cluster import cluster_backend
 
         backend, _ = cluster_backend(args, args.backend)  # None: the connection's own kind
-    return run_job_from_cli(spec, cli_identity(spec, args), state_dir=args.state_dir, backend=backend)
+    identity = cli_identity(spec, args, invocation_run_id(time.time(), secrets.token_hex(6)))
+    return run_job_from_cli(spec, identity, state_dir=args.state_dir, backend=backend)
 
 
 def run_job_from_cli(
@@ -255,16 +269,17 @@ def _directory_arg(text: str) -> str:
     return text
 
 
+RUN_ID_HELP = "run id that names the job (default: manual)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="airflow-mpi", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"airflow-mpi {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def add_spec_args(sub: argparse.ArgumentParser) -> None:
+    def add_spec_args(sub: argparse.ArgumentParser, run_id_help: str = RUN_ID_HELP) -> None:
         sub.add_argument("spec", help="job spec file (YAML or JSON; '-' for stdin)")
-        sub.add_argument(
-            "--run-id", default="manual", type=_text_arg("run id"), help="run id that names the job (default: manual)"
-        )
+        sub.add_argument("--run-id", default=None, type=_text_arg("run id"), help=run_id_help)
         sub.add_argument("--dag-id", default="cli", type=_text_arg("dag id"), help="dag id of the run identity")
         sub.add_argument(
             "--task-id", default=None, type=_text_arg("task id"), help="task id of the run identity (default: name)"
@@ -291,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=cmd_validate)
 
     run = commands.add_parser("run", help="run the job (local backend, or on a cluster), output streamed")
-    add_spec_args(run)
+    add_spec_args(run, "run id that names the job (default: one of this invocation's own, cli__<time>_<random>)")
     run.add_argument("--state-dir", default=None, type=_directory_arg, help="local backend state directory")
     run.add_argument(
         "--backend",

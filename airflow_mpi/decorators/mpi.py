@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 # The job fields the decorator takes; the function is the command, and its files are generated.
 JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(MPIJobSpec)) - {"command", "files"}
-MAX_DEFAULT_NAME = 40  # fits pod names up to 1000 workers (docs/contract.md#roles-and-names)
+MAX_DEFAULT_NAME = 38  # fits pod names up to 1000 workers (docs/contract.md#roles-and-names)
 
 
 class _MPIDecoratedOperator(DecoratedOperator, MPIJobOperator):

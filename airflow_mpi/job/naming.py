@@ -1,7 +1,8 @@
 """Names: the job name from an Airflow run identity, pod and host names, labels and selectors.
 
-The job name is ``<spec.name>-<8 hex>``, the hex a hash of the full run identity, so it is
-deterministic for one try of one task instance and never collides between two runs or tries.
+The job name is ``<spec.name>-<13 base32>``, a 65-bit hash of the full run identity (its
+deployment too: ``job/identity.py``), so it is deterministic for one try of one task instance and
+does not collide between deployments, runs or tries (a million jobs a day: once in ~10^8 days).
 Every name here is a valid DNS-1123 label; label values are made safe the way Kubernetes needs
 (at most 63 of ``[-A-Za-z0-9_.]``, alphanumeric at both ends: an unmapped task's map index -1 is
 not a label value, so that label is left out, as the cncf provider does).
@@ -12,11 +13,20 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from airflow_mpi.contract import JOB_HASH_LEN, MAX_DNS_LABEL, Role
+from airflow_mpi.job.identity import (
+    LABEL_PREFIX,
+    LABEL_RUN_KEY,
+    LABEL_TRY_NUMBER,
+    RunIdentity,
+    build_job_hash,
+    build_run_key,
+    owner_labels,
+)
 
-LABEL_PREFIX = "airflow-mpi.io"
+__all__ = ["LABEL_PREFIX", "LABEL_RUN_KEY", "LABEL_TRY_NUMBER", "RunIdentity", "build_run_key"]
+
 LABEL_JOB = f"{LABEL_PREFIX}/job"
 LABEL_ROLE = f"{LABEL_PREFIX}/role"
 LABEL_INDEX = f"{LABEL_PREFIX}/replica-index"
@@ -24,36 +34,12 @@ LABEL_DAG_ID = f"{LABEL_PREFIX}/dag-id"
 LABEL_TASK_ID = f"{LABEL_PREFIX}/task-id"
 LABEL_RUN_ID = f"{LABEL_PREFIX}/run-id"
 LABEL_MAP_INDEX = f"{LABEL_PREFIX}/map-index"
-LABEL_TRY_NUMBER = f"{LABEL_PREFIX}/try-number"
-LABEL_RUN_KEY = f"{LABEL_PREFIX}/run-key"  # hash of the identity without try: finds earlier tries
 MANAGED_BY = "airflow-mpi"
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    """Which Airflow task-instance try a job belongs to."""
-
-    dag_id: str
-    task_id: str
-    run_id: str
-    map_index: int = -1
-    try_number: int = 1
-
-    def digest(self, *, with_try: bool = True) -> str:
-        parts = [self.dag_id, self.task_id, self.run_id, str(self.map_index)]
-        if with_try:
-            parts.append(str(self.try_number))
-        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
 def build_job_name(base: str, identity: RunIdentity) -> str:
     """``<base>-<hash>``: deterministic per try, distinct between runs, tries and map indexes."""
-    return f"{base}-{identity.digest()[:JOB_HASH_LEN]}"
-
-
-def build_run_key(identity: RunIdentity) -> str:
-    """Label value shared by every try of one task instance (used to find an earlier try's job)."""
-    return identity.digest(with_try=False)[:40]
+    return f"{base}-{build_job_hash(identity, JOB_HASH_LEN)}"
 
 
 def build_pod_name(job_name: str, role: Role, index: int) -> str:
@@ -75,8 +61,9 @@ def safe_label_value(text: str) -> str:
 
 
 def build_job_labels(job_name: str, identity: RunIdentity, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Labels on every object of the job: app.kubernetes.io/*, the job and the run identity.
-    The map index only for a mapped task; every try is found by the run key, mapped or not."""
+    """Labels on every object of the job: app.kubernetes.io/*, the job and the run identity (its
+    owner: ``identity.owner_labels``, compared before anything found under the job's name is
+    deleted or adopted). The map index only for a mapped task; every try is found by the run key."""
     labels = dict(extra or {})
     labels.update(
         {
@@ -87,8 +74,7 @@ def build_job_labels(job_name: str, identity: RunIdentity, extra: Mapping[str, s
             LABEL_DAG_ID: safe_label_value(identity.dag_id),
             LABEL_TASK_ID: safe_label_value(identity.task_id),
             LABEL_RUN_ID: safe_label_value(identity.run_id),
-            LABEL_TRY_NUMBER: str(identity.try_number),
-            LABEL_RUN_KEY: build_run_key(identity),
+            **owner_labels(identity),
         }
     )
     if identity.map_index >= 0:

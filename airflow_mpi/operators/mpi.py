@@ -6,10 +6,12 @@
     )
 
 ``job`` is an ``MPIJobSpec`` or the same fields as a dict (templated). The task's run identity
-names the job, so retries, backfills and mapped tasks never collide. The master's output streams
+(with its Airflow deployment: ``deployment_identity``) names the job, so retries, backfills,
+mapped tasks and two deployments sharing a namespace never collide. The master's output streams
 live into the task log; the return value (XCom) is a small result dict.
 
-On a retry after the Airflow worker died, the job the earlier try left is found by its labels:
+On a retry after the Airflow worker died, the job the earlier try left is found by its labels,
+in the namespace that try recorded in the task's state store (and the one the spec gives now):
 the task reattaches to it (the log goes on where that try's stopped, the result is the same) or,
 when it cannot, removes it and starts clean. ``deferrable=True`` (Kubernetes) waits for
 readiness and for the end in triggers, holding no worker slot.
@@ -17,7 +19,9 @@ readiness and for the end in triggers, holding no worker slot.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -30,6 +34,7 @@ from airflow_mpi.compat import AirflowFailException, TaskDeferred, conf
 from airflow_mpi.events import READY, WAIT_FINISHED, JobEvent, outcome_of
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
+from airflow_mpi.job.identity import build_deployment_id
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.operators.links import MPIJobLink, store_job_link
@@ -42,8 +47,10 @@ from airflow_mpi.spec import MPIJobSpec
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+log = logging.getLogger(__name__)
 PROGRESS_KEY = "airflow_mpi"
 PROGRESS_EVERY = 1.0  # seconds between task_state_store updates of the lines shown
+_WARNED_NO_DEPLOYMENT: list[bool] = []  # a deployment that cannot be told is warned about once
 
 
 class MPIJobOperator(BaseOperator):
@@ -122,15 +129,17 @@ class MPIJobOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         spec, identity, backend = self._prepare(context)
+        progress = _Progress(context)
         try:
             plan = plan_for(backend, spec, identity)
-            adopted = resume_or_clean(backend, spec, identity) if self.reattach else None
+            adopted = resume_or_clean(backend, spec, identity, progress.namespaces()) if self.reattach else None
         except SpecError as error:
             raise AirflowFailException(str(error)) from error
-        progress = _Progress(context)
         if adopted is not None:
             self.log.info("reattached to %s, left running by an earlier try", adopted.job_name)
             plan = adopted
+        if isinstance(backend, ReattachableBackend):  # before anything exists: a retry looks there
+            progress.begin(plan.job_name, backend.namespace_for(plan.spec), keep_lines=adopted is not None)
         self._push_job_ref(context, plan, backend)
         runner = self._runner = JobRunner(
             backend,
@@ -184,11 +193,14 @@ class MPIJobOperator(BaseOperator):
         """Resumed from the trigger: start the master (workers ready), or collect the end."""
         job_name, marks, try_number = event["job_name"], event.get("marks") or {}, int(event["try_number"])
         spec, identity, backend = self._prepare(context)
-        plan = plan_for(backend, spec, RunIdentity(**{**identity.__dict__, "try_number": try_number}))
-        if plan.job_name != job_name:
-            raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         progress = _Progress(context)
         deferrable = self._deferrable(backend)
+        # Where the job's try recorded it was: a templated namespace may render another way now.
+        namespace = progress.namespace_of(job_name) or deferrable.namespace_for(spec)
+        spec = dataclasses.replace(spec, pod=dataclasses.replace(spec.pod, namespace=namespace))
+        plan = plan_for(backend, spec, dataclasses.replace(identity, try_number=try_number))
+        if plan.job_name != job_name:
+            raise AirflowFailException(f"resumed for job {job_name} but the spec now names {plan.job_name}")
         # The trigger showed the master's lines up to ``log_lines``: they are read again (the
         # result and a failure's tails come from them) but not shown twice. A retry that
         # reattaches learns the same from the task's state store.
@@ -205,7 +217,7 @@ class MPIJobOperator(BaseOperator):
         )
         runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
         try:
-            deferrable.adopt(plan, deferrable.namespace_for(spec))
+            deferrable.adopt(plan, namespace)
             if outcome_of(event)["outcome"] == READY:  # what earlier versions deferred for first
                 runner.marks["sshd_ready"] = float(event["at"])
                 runner.start_master()
@@ -251,28 +263,63 @@ class MPIJobOperator(BaseOperator):
 
 
 class _Progress:
-    """How many master log lines this task instance has shown, in Airflow 3.3's task_state_store,
-    so a retry that reattaches goes on where the log stopped. Without a store it is a no-op."""
+    """This task instance's job in Airflow 3.3's task_state_store, kept across tries: its name and
+    namespace (a retry looks for it there) and how many master log lines were shown (a retry that
+    reattaches goes on where the log stopped). Without a store it is a no-op."""
 
     def __init__(self, context: Context) -> None:
         try:
             self.store: Any = context.get("task_state_store")
         except Exception:
             self.store = None
+        self.namespace: str | None = None  # where this try's job is, once known
 
-    def shown(self, job_name: str) -> int:
+    def _value(self) -> dict[str, Any]:
         try:
             value = self.store.get(PROGRESS_KEY) if self.store is not None else None
         except Exception:
-            return 0
-        return int(value.get("lines", 0)) if isinstance(value, dict) and value.get("job") == job_name else 0
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def _record(self, job_name: str, lines: int) -> dict[str, Any]:
+        record: dict[str, Any] = {"job": job_name, "lines": lines}
+        namespace = self.namespace or self.namespace_of(job_name)
+        if namespace:
+            record["namespace"] = namespace
+        return record
+
+    def shown(self, job_name: str) -> int:
+        value = self._value()
+        return int(value.get("lines", 0)) if value.get("job") == job_name else 0
+
+    def namespaces(self) -> list[str]:
+        """Where an earlier try recorded its job was."""
+        namespace = self._value().get("namespace")
+        return [namespace] if isinstance(namespace, str) and namespace else []
+
+    def namespace_of(self, job_name: str) -> str | None:
+        """Where the try that made ``job_name`` recorded it was (None: not recorded)."""
+        value = self._value()
+        namespace = value.get("namespace")
+        return namespace if value.get("job") == job_name and isinstance(namespace, str) and namespace else None
+
+    def begin(self, job_name: str, namespace: str, *, keep_lines: bool) -> None:
+        """Record the job and its namespace before it is created (the lines shown so far kept
+        for a job reattached to)."""
+        self.namespace = namespace
+        if self.store is None:
+            return
+        try:
+            self.store.set(PROGRESS_KEY, self._record(job_name, self.shown(job_name) if keep_lines else 0))
+        except Exception:
+            self.store = None
 
     def save(self, job_name: str, lines: int) -> None:
         """Record ``lines`` now (when a trigger showed them), if any."""
         if self.store is None or lines <= 0:
             return
         try:
-            self.store.set(PROGRESS_KEY, {"job": job_name, "lines": lines})
+            self.store.set(PROGRESS_KEY, self._record(job_name, lines))
         except Exception:
             self.store = None
 
@@ -285,7 +332,7 @@ class _Progress:
                 return
             last[0] = now
             try:
-                self.store.set(PROGRESS_KEY, {"job": job_name, "lines": lines})
+                self.store.set(PROGRESS_KEY, self._record(job_name, lines))
             except Exception:
                 self.store = None  # not available here (e.g. an old Airflow): stop trying
 
@@ -335,4 +382,27 @@ def run_identity(context: Context) -> RunIdentity:
         run_id=ti.run_id,
         map_index=-1 if map_index is None else int(map_index),
         try_number=int(getattr(ti, "try_number", 1) or 1),
+        deployment=deployment_identity(),
     )
+
+
+def deployment_identity() -> str:
+    """This Airflow deployment's id in its jobs' names and labels: ``[mpi] deployment`` when set,
+    else a one-way hash of ``[api_auth] jwt_secret``, else of ``[core] fernet_key`` (values every
+    component of one deployment shares and another deployment does not; the Task SDK reads an
+    unset one as its template, which counts as unset). "" where none is set: warned about once."""
+    config = conf()
+    explicit = config.get("mpi", "deployment", fallback=None)
+    shared = [config.get("api_auth", "jwt_secret", fallback=None), config.get("core", "fernet_key", fallback=None)]
+    try:
+        deployment = build_deployment_id(explicit, shared)
+    except ValueError as error:
+        raise AirflowFailException(f"[mpi] deployment {error} (AIRFLOW__MPI__DEPLOYMENT)") from error
+    if not deployment and not _WARNED_NO_DEPLOYMENT:
+        _WARNED_NO_DEPLOYMENT.append(True)
+        log.warning(
+            "neither [mpi] deployment, [api_auth] jwt_secret nor [core] fernet_key is set here: this "
+            "deployment's MPI jobs cannot be told from another's that shares their namespace and run ids; "
+            "set [mpi] deployment (e.g. AIRFLOW__MPI__DEPLOYMENT=production)"
+        )
+    return deployment

@@ -223,7 +223,7 @@ class MPIJobSpec:
     """One MPI training job: one master plus ``workers.replicas`` workers."""
 
     name: str
-    """The job's name: a DNS label; each run's job name adds ``-<8 hex>``."""
+    """The job's name: a DNS label; each run's job name adds ``-<13 base32>``."""
     command: tuple[str, ...]
     """The entry as an argv list, e.g. ``[python, /app/train.py, --epochs, "8"]``: not a launcher
     (``deepspeed``, ``torchrun``, ``horovodrun``, ``mpirun``: ``mpiexec`` starts the ranks), not a

@@ -164,7 +164,7 @@ def test_a_failed_task_shows_the_rank_and_exit_code_that_ended_it_and_links_to_i
     run_id = trigger_from_the_ui(ui, browser, dag_id)
     until("train failed", lambda: task_state(ui, dag_id, run_id, "train") == "failed", 300, ui)
     open_task(ui, browser, dag_id, run_id, "train")
-    cause = re.compile(r"rank 1 on pod uifail-[0-9a-f]{8}-worker-0 exited with code 3")
+    cause = re.compile(r"rank 1 on pod uifail-[a-z2-7]{13}-worker-0 exited with code 3")
     until("the cause on the log page", lambda: cause.search(page_text(browser)), 60, ui, browser)
     shot(browser, "05-failed-task")
     # The task stored its "MPI job" link when it submitted the job: the Details tab lists it.
@@ -179,7 +179,9 @@ def test_a_failed_task_shows_the_rank_and_exit_code_that_ended_it_and_links_to_i
         browser,
     )
     href = links[0].get_attribute("href") or ""
-    assert re.fullmatch(rf"https://dash\.example/local/uifail-[0-9a-f]{{8}}\?dag={dag_id}&task=train&try=1", href), href
+    assert re.fullmatch(rf"https://dash\.example/local/uifail-[a-z2-7]{{13}}\?dag={dag_id}&task=train&try=1", href), (
+        href
+    )
     shot(browser, "04-job-link")
 
 

@@ -20,7 +20,7 @@ def test_failing_rank_fails_the_task_naming_rank_pod_and_code(dagbag: Any, capfd
     dag_run = dagbag.get_dag("mpi_test_fail").test()
     assert task_states(dag_run) == {"train": "failed"}
     out = capfd.readouterr().out
-    assert re.search(r"rank 1 on pod failing-[0-9a-f]{8}-worker-0 exited with code 3", out), out[-3000:]
+    assert re.search(r"rank 1 on pod failing-[a-z2-7]{13}-worker-0 exited with code 3", out), out[-3000:]
     assert "[1,1]<stdout>:rank 1 up" in out  # rank output was streamed into the task log
 
 

@@ -97,7 +97,7 @@ def test_a_retry_after_a_lost_worker_resumes_from_the_newest_checkpoint(
     assert states == {"preprocess": "success", "train": "success", "evaluate": "success"}, out[-5000:]
 
     # The first try failed on the lost worker, naming its pod and the signal.
-    failed = rf"MPI job digits-[0-9a-f]{{8}} failed while training: pod {re.escape(killer.victim)} \(worker\) failed"
+    failed = rf"MPI job digits-[a-z2-7]{{13}} failed while training: pod {re.escape(killer.victim)} \(worker\) failed"
     assert re.search(failed + r", exit code -9, killed by SIGKILL", out), out[-5000:]
     # The retry resumed from the newest complete checkpoint: the one seen, or the next if the
     # ranks finished saving one more epoch before the kill landed.

@@ -36,7 +36,7 @@ def test_task_mpi_failures_are_clear(dagbag: Any, capfd: pytest.CaptureFixture[s
     collective = out[out.index("MPI job raises-in-collective-") :]
     assert "RuntimeError: rank 1 gives up" in collective, collective[:3000]
     # The raising rank's traceback, as the failure's "last lines of rank 1".
-    assert re.search(r"rank 1 on pod rank-raises-[0-9a-f]{8}-worker-0 exited with code 1", out), out[-4000:]
+    assert re.search(r"rank 1 on pod rank-raises-[a-z2-7]{13}-worker-0 exited with code 1", out), out[-4000:]
     failure = out[out.index("last lines of rank 1") :]
     assert "Traceback (most recent call last)" in failure and "ValueError: bad batch on rank 1" in failure
     assert 'mpi_taskflow_dags.py", line' in failure  # the DAG file's own line numbers
@@ -62,6 +62,6 @@ def test_mapped_sweep_runs_one_job_per_index(dagbag: Any) -> None:
     assert all(state == "success" for state, _ in instances.values()), instances
     results = [instances[("sweep", index)][1] for index in range(3)]
     assert [r["lr"] for r in results] == [0.1, 0.01, 0.001]
-    assert all(r["np"] == 2 and re.fullmatch(r"sweep-[0-9a-f]{8}", r["job"]) for r in results), results
+    assert all(r["np"] == 2 and re.fullmatch(r"sweep-[a-z2-7]{13}", r["job"]) for r in results), results
     assert len({r["job"] for r in results}) == 3
     print(f"dag.test() wall time: 1 job {timings[2]:.1f}s (cold {timings[0]:.1f}s), 3 mapped jobs {timings[1]:.1f}s")

@@ -397,7 +397,7 @@ def test_cli_run_exits_with_the_jobs_code(state_root: Path, shared_dir: Path) ->
         timeout=60,
     )
     assert done.returncode == 7, done.stderr
-    assert re.search(r"rank \d on pod cli-[0-9a-f]{8}-\S+ exited with code 7", done.stderr)
+    assert re.search(r"rank \d on pod cli-[a-z2-7]{13}-\S+ exited with code 7", done.stderr)
 
 
 def test_missing_tools_fail_before_anything_is_created(state_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,7 @@ from tests.k8s.conftest import install_connections
 from tests.k8s.test_gang import _crd_validator
 
 CASE = re.compile(r"^(rank|evict|tmout|queue|deadl)")
-JOB_NAME = re.compile(r"\b(?:rank|evict|tmout|queue|deadl)(?:pod|vol|mpi)[wd]-[0-9a-f]+")
+JOB_NAME = re.compile(r"\b(?:rank|evict|tmout|queue|deadl)(?:pod|vol|mpi)[wd]-[a-z2-7]+")
 RANK_FAILURE = (
     "[1,1]<stderr>:ValueError: bad batch",
     "mpiexec detected that one or more processes exited with non-zero status, thus causing",

@@ -56,7 +56,7 @@ def test_root_pods_are_refused_in_a_restricted_namespace(double: KubeDouble, fau
         operator.execute({"ti": ti, "task_state_store": None})  # type: ignore[arg-type]
     seconds = time.monotonic() - started
     message = str(caught.value)
-    assert re.search(rf'pods "kjob-[0-9a-f]{{8}}-worker-\d" is forbidden: {re.escape(ROOT_DENIAL)}', message), message
+    assert re.search(rf'pods "kjob-[a-z2-7]{{13}}-worker-\d" is forbidden: {re.escape(ROOT_DENIAL)}', message), message
     assert "403 Forbidden" in message
     assert message.endswith(
         "; the namespace enforces the Pod Security Standards and the pods run as root: run the job without root "

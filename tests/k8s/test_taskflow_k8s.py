@@ -46,7 +46,7 @@ def test_mapped_sweeps_run_one_job_per_map_index(dagbag: Any, real_double: KubeD
     sweep = [instances[("k8s_sweep", i)][1] for i in range(3)]
     assert [r["lr"] for r in sweep] == [0.1, 0.01, 0.001] and all(r["np"] == 2 for r in sweep)
     names = [v["job_name"] for (t, _), (_, v) in instances.items() if t != "k8s_sweep"] + [r["job"] for r in sweep]
-    assert len(set(names)) == 9 and all(re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{8}", n) for n in names), names
+    assert len(set(names)) == 9 and all(re.fullmatch(r"[a-z0-9-]+-[a-z2-7]{13}", n) for n in names), names
     services = [body for body in real_double.created if body.get("kind") == "Service"]
     labelled = {(b["metadata"]["labels"][LABEL_TASK_ID], b["metadata"]["labels"][LABEL_MAP_INDEX]) for b in services}
     assert labelled == {(task, str(index)) for task in tasks for index in range(3)}

@@ -95,3 +95,18 @@ def test_render_refuses_a_gang_the_volcano_backend_cannot_honour(
     (tmp_path / "job.yaml").write_text(SPEC + "scheduling: {gang: kueue, queue: q}\n")
     assert main(["render", str(tmp_path / "job.yaml"), "--backend", "volcano"]) == 2
     assert "scheduling.gang" in capsys.readouterr().err
+
+
+def test_each_run_invocation_has_a_run_id_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ``airflow-mpi run`` of one spec at once are two jobs; ``--run-id`` still names one."""
+    from airflow_mpi.cli import main as cli
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"name": "twice", "command": ["python", "t.py"]}))
+    identities = []
+    monkeypatch.setattr(cli, "run_job_from_cli", lambda spec, identity, **_: identities.append(identity) or 0)
+    assert main(["run", str(tmp_path / "job.yaml")]) == 0
+    assert main(["run", str(tmp_path / "job.yaml")]) == 0
+    assert main(["run", str(tmp_path / "job.yaml"), "--run-id", "r1"]) == 0
+    first, second, named = identities
+    assert first.run_id != second.run_id and first.run_id.startswith("cli__") and named.run_id == "r1"
+    assert cli.invocation_run_id(0.0, "ab12") == "cli__1970-01-01T00-00-00_ab12"

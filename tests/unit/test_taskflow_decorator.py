@@ -70,4 +70,4 @@ def test_default_job_names_are_dns_labels() -> None:
     assert default_job_name("train") == "train"
     assert default_job_name("_Fit_LR__sweep_") == "fit-lr-sweep"
     assert default_job_name("2nd_pass") == "task-2nd-pass"
-    assert len(default_job_name("x" * 100)) == 40
+    assert len(default_job_name("x" * 100)) == 38  # with the run hash and "-worker-999": 63

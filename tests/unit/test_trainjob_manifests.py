@@ -250,9 +250,9 @@ def test_a_trainjob_refused_until_kueue_sees_its_runtime_is_tried_again_briefly(
     custom = _RefusingCustom(refusals, message)
     maker = creation.JobCreation(None, custom, job_kind("trainjob"), 1, None, None)  # type: ignore[arg-type]
     if made:
-        assert maker._create_top("ml", {"metadata": {"name": "j"}}) == {"metadata": {"name": "j"}}
+        assert maker._create_top("ml", {"metadata": {"name": "j"}}, IDENTITY) == {"metadata": {"name": "j"}}
     else:
         with pytest.raises(LaunchError, match=r"trainjobs|not found"):
-            maker._create_top("ml", {"metadata": {"name": "j"}})
+            maker._create_top("ml", {"metadata": {"name": "j"}}, IDENTITY)
     assert calls is None or custom.calls == calls
     assert custom.calls <= 5  # 0.2 + 0.4 + ... within the second
