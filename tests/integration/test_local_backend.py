@@ -400,6 +400,25 @@ def test_cli_run_exits_with_the_jobs_code(state_root: Path, shared_dir: Path) ->
     assert re.search(r"rank \d on pod cli-[a-z2-7]{13}-\S+ exited with code 7", done.stderr)
 
 
+def test_two_cli_runs_of_one_spec_at_once_each_finish_whole(state_root: Path, shared_dir: Path) -> None:
+    """Each ``airflow-mpi run`` is its own run: the second never replaces the first's job."""
+    spec = shared_dir / "same.yaml"
+    script = "import os, time; time.sleep(5); print('DONE', os.environ['MASTER_ADDR'].split('.')[-1], flush=True)"
+    spec.write_text(json.dumps({"name": "same", "command": [PY, "-c", script], "workers": {"replicas": 1}}))
+    command = [PY, "-m", "airflow_mpi.cli.main", "run", str(spec), "--state-dir", str(state_root)]
+    # The second starts while the first's ranks sleep, so both jobs live at once.
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(2)
+    second = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
+    first_out, _ = first.communicate(timeout=90)
+    assert first.returncode == 0 and second.returncode == 0, (first_out, second.stdout)
+    first_jobs = set(re.findall(r"DONE (same-[a-z2-7]{13})", first_out))
+    second_jobs = set(re.findall(r"DONE (same-[a-z2-7]{13})", second.stdout))
+    assert len(first_jobs) == 1 and len(second_jobs) == 1 and first_jobs != second_jobs, (first_out, second.stdout)
+    # every rank of each job printed: both ran whole
+    assert first_out.count("DONE") == 2 and second.stdout.count("DONE") == 2, (first_out, second.stdout)
+
+
 def test_missing_tools_fail_before_anything_is_created(state_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     backend = LocalBackend(state_dir=state_root)
