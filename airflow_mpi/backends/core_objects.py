@@ -217,6 +217,26 @@ class CoreObjects:
             raise translate(error, ApiRequest("create", "selfsubjectrulesreviews", namespace), self.api_url) from error
         return dict(json.loads(response.data or b"{}").get("status") or {})
 
+    def whoami(self) -> str | None:
+        """The user name a SelfSubjectReview gives for these credentials
+        (``system:serviceaccount:NS:NAME`` for a service account's token); None when the
+        server does not serve or allow it (the messages then say "the credentials")."""
+        from kubernetes.client import AuthenticationV1Api
+
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        api = AuthenticationV1Api(self.api_client)
+        try:
+            response = self.request(
+                lambda timeout: api.create_self_subject_review(review, _preload_content=False, _request_timeout=timeout)
+            )
+            status = json.loads(response.data or b"{}").get("status") or {}
+        except BackendError:
+            raise
+        except Exception:  # an identity only names who lacks a verb: the verb is the error
+            return None
+        username = (status.get("userInfo") or {}).get("username")
+        return str(username) if username else None
+
     # --- pod logs ---------------------------------------------------------------------------
 
     def open_log(self, namespace: str, pod: str, since_time: str | None, read_timeout: float) -> Any:

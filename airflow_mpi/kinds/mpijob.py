@@ -290,11 +290,8 @@ class MPIJobKind(JobKind):
     ours_before_top = True
     master_generated = True
     explains_master_deletion = True
-    # It takes over our Secret and ConfigMap, made before it, as their owner: they are updated.
-    rules = (
-        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},
-        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
-    )
+    rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},)
+    trigger_rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["get", "delete"]},)
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The MPIJob, our Secret, our ConfigMap."""

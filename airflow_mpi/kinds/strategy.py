@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,7 +24,7 @@ from airflow_mpi.job.naming import RunIdentity, build_pod_name
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
 from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, config_map_name, render_owner_reference
-from airflow_mpi.kinds.permissions import WATCHDOG_RULES, Permission, Rules, build_job_rules, build_permissions
+from airflow_mpi.kinds.permissions import Permission, Rules, build_job_permissions, build_trigger_permissions
 from airflow_mpi.kinds.registry import KIND_ENTRIES, KIND_OF_BACKEND
 from airflow_mpi.observe.status import PodPhase, PodState, PodTable, pod_state_from_k8s
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
@@ -82,8 +82,10 @@ class JobKind:
     master_generated: ClassVar[bool] = False
     # The top object says why the master pod was deleted (read once, when it is).
     explains_master_deletion: ClassVar[bool] = False
-    # What a job of this kind adds to the base Role (docs/guides/rbac.md's table): its top object.
+    # What a job of this kind adds to the worker's Role (docs/guides/rbac.md's table): its top object.
     rules: ClassVar[Rules] = ()
+    # What it adds to the triggerer's Role: reading its top object (and deleting it on a kill).
+    trigger_rules: ClassVar[Rules] = ()
 
     @property
     def top_resource(self) -> GVK:
@@ -131,10 +133,13 @@ class JobKind:
         return config_map_name(job_name)
 
     def permissions(self, spec: MPIJobSpec) -> tuple[Permission, ...]:
-        """Every verb a job of this kind with ``spec`` needs, checked before anything is created."""
+        """Every verb the worker needs for a job of this kind with ``spec``, checked before it creates anything."""
         gang = spec.scheduling.gang
-        rules = build_job_rules(self.rules, gang.value if gang is not None else None)
-        return build_permissions((*rules, *(WATCHDOG_RULES if spec.progress_timeout is not None else ())))
+        return build_job_permissions(self.rules, gang.value if gang else None, spec.progress_timeout is not None)
+
+    def trigger_permissions(self, deleted_on_kill: Sequence[Sequence[str]]) -> tuple[Permission, ...]:
+        """Every verb the triggerer needs for a deferred job of this kind whose kill deletes ``deleted_on_kill``."""
+        return build_trigger_permissions(self.trigger_rules, deleted_on_kill)
 
     def render_plan(
         self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None

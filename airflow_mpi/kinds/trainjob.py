@@ -290,9 +290,12 @@ class TrainJobKind(JobKind):
     explains_master_deletion = True
     rules = (
         {"apiGroups": [GROUP], "resources": ["trainjobs"], "verbs": ["create", "get", "list", "delete"]},
+        # Made before the TrainJob (Trainer reads it at once), then given it as its owner.
         {"apiGroups": [GROUP], "resources": ["trainingruntimes"], "verbs": ["create", "get", "update", "delete"]},
-        # Made before the TrainJob, then given it as their owner.
-        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
+    )
+    trigger_rules = (
+        {"apiGroups": [GROUP], "resources": ["trainjobs"], "verbs": ["get", "delete"]},
+        {"apiGroups": [GROUP], "resources": ["trainingruntimes"], "verbs": ["delete"]},
     )
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
