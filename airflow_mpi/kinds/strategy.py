@@ -75,9 +75,6 @@ class JobKind:
     # The custom object a job of this kind is (None: our own objects, owned by a Service).
     top: ClassVar[GVK | None] = None
     top_label: ClassVar[str] = "Service"  # for messages: "Volcano job", "MPIJob"
-    # Our Secret and ConfigMap are created before the top object (its controller starts pods at
-    # once, and a pod must find its volumes), then made its dependents.
-    ours_before_top: ClassVar[bool] = False
     # The master is a controller's pod named ``<master>-<random>`` (a batch Job's): the newest counts.
     master_generated: ClassVar[bool] = False
     # The top object says why the master pod was deleted (read once, when it is).
@@ -98,10 +95,12 @@ class JobKind:
         may still come; the controller's object goes first and last), rather than we ourselves."""
         return self.top is not None
 
-    def creates_ours_before_top(self) -> bool:
-        """Whether our Secret and ConfigMap are created before the top object (its controller
-        starts pods at once, and a pod must find its volumes) and then made its dependents."""
-        return self.ours_before_top
+    def made_before_top(self, obj: Obj) -> bool:
+        """Whether ``obj`` (one of ``render``'s beside the top object) must exist before the top
+        object, and is only then given it as its owner. Our Secret and ConfigMap never are: they
+        are created owned by the top object, so no crash leaves a private key nobody owns (a pod
+        that starts first waits for its volumes, as the kubelet retries them)."""
+        return False
 
     @property
     def top_owner(self) -> tuple[str, str]:
