@@ -230,6 +230,7 @@ class KubeDouble:
         self._denied: set[tuple[str, str]] = set()  # (verb, resource) the Role lacks
         self._granted: set[tuple[str, str]] | None = None  # with a Role: only what it grants
         self._granted_other: list[Obj] = []  # a Role's rules for other API groups (reported only)
+        self.metadata_lists: list[str] = []  # plurals listed with metadata only, in order
         self._answering = threading.Event()  # cleared: requests are held, streams go silent
         self._answering.set()
         self._connections: set[socket.socket] = set()
@@ -1094,14 +1095,21 @@ class _Handler(BaseHTTPRequestHandler):
         ]
         with self.double._lock:
             rv = str(self.double._rv)
+        if "as=PartialObjectMetadataList" in (self.headers.get("Accept") or ""):  # metadata only
+            items = [
+                {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}
+                for o in items
+            ]
+            self.double.metadata_lists.append(plural)
+            kind, api_version = "PartialObjectMetadataList", "meta.k8s.io/v1"
+        else:
+            kind, api_version = (
+                f"{self.double.kind_of(plural)}List",
+                self.double.custom_kinds.get(plural, ("v1", ""))[0],
+            )
         self._send_json(
             200,
-            {
-                "kind": f"{self.double.kind_of(plural)}List",
-                "apiVersion": self.double.custom_kinds.get(plural, ("v1", ""))[0],
-                "metadata": {"resourceVersion": rv},
-                "items": items,
-            },
+            {"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv}, "items": items},
         )
 
     def _watch(self, plural: str, namespace: str, query: dict[str, str]) -> None:
