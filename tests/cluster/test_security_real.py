@@ -81,6 +81,26 @@ def backend_as(cluster: Cluster, namespace: str, rules: list[dict[str, Any]], tm
     return KubernetesBackend(api_client=api_client(kubeconfig), namespace=namespace)
 
 
+NO_NEW_PRIVS = (
+    "import os\n"
+    "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+    "print('nnp', os.environ['OMPI_COMM_WORLD_RANK'], os.getuid(), status['NoNewPrivs'].strip(), flush=True)\n"
+)
+
+
+def test_a_root_job_runs_through_sshd_without_privilege_escalation(cluster: Cluster, namespace: str) -> None:
+    """Every pod says ``allowPrivilegeEscalation: false``; the node agent gives a root container
+    no_new_privs, as a container runtime does: sshd's privilege separation still logs mpiexec in,
+    and every rank, on the master and through sshd on the workers, runs as root under it."""
+    backend = KubernetesBackend(api_client=api_client(cluster.kubeconfig), namespace=namespace)
+    plan = make_plan(namespace, command=[sys.executable, "-c", NO_NEW_PRIVS], workers={"replicas": 2})
+    log = Log()
+    result = JobRunner(backend, plan, log).run()
+    assert result.exit_code == 0, log
+    ranks = sorted(line.split("nnp ", 1)[1].split() for line in log if "nnp " in line)
+    assert ranks == [[str(rank), "0", "1"] for rank in range(len(ranks))] and len(ranks) >= 3, log
+
+
 def test_the_guides_worker_role_is_enough(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     backend = backend_as(cluster, namespace, documented_role_rules("worker"), tmp_path)
     log = Log()
