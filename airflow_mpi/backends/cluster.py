@@ -66,20 +66,21 @@ class Cluster:
 
 def list_jobs(backend: KubernetesBackend, namespace: str, now: float | None = None) -> list[JobRow]:
     """Every job of this product in the namespace, whichever backend made it, oldest first (two
-    list requests: our Secrets, one per job, and our pods)."""
+    list requests: our ConfigMaps' metadata, one per job, and our pods). No Secret is read: the
+    identity, owner and age of a job are in its ConfigMap's labels, annotations and owner."""
     now = time.time() if now is None else now
-    secrets = backend.objects.list(namespace, "secrets", MANAGED_SELECTOR)
+    anchors = backend.objects.list_metadata(namespace, "configmaps", MANAGED_SELECTOR)
     pods: dict[str, list[Obj]] = defaultdict(list)
     for pod in backend.objects.list(namespace, "pods", MANAGED_SELECTOR):
         pods[(pod["metadata"].get("labels") or {}).get(LABEL_JOB, "")].append(pod)
     rows: dict[str, JobRow] = {}
-    for secret in secrets:
-        name = (secret["metadata"].get("labels") or {}).get(LABEL_JOB, "")
+    for anchor in anchors:
+        name = (anchor["metadata"].get("labels") or {}).get(LABEL_JOB, "")
         if not name or name in rows:
             continue
-        kind = kind_of(secret)
+        kind = kind_of(anchor)
         states = kind.listed_states(pods.get(name, []))
-        rows[name] = summarize_job(secret, pods.get(name, []), now, states=states, backend=kind.name)
+        rows[name] = summarize_job(anchor, pods.get(name, []), now, states=states, backend=kind.name)
     return sorted(rows.values(), key=lambda row: (-row.age_s, row.name))
 
 

@@ -37,6 +37,9 @@ from airflow_mpi.observe.cursor import followed_log_call
 
 Obj = dict[str, Any]
 # Each plural as CoreV1Api spells it in ``<verb>_namespaced_<kind>``.
+# What an API server answers a list with when asked for metadata only (Kubernetes 1.15+); the plain
+# JSON after it is for a server that cannot, whose whole objects are then cut to their metadata.
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 CORE_PLURALS = {"services": "service", "secrets": "secret", "configmaps": "config_map", "pods": "pod"}
 TAIL_READ_TIMEOUT = 10.0  # a failure message's "last lines" are not worth a longer wait
 
@@ -153,6 +156,28 @@ class CoreObjects:
             raise translate(error, ApiRequest("list", plural, namespace), self.api_url) from error
         return list(json.loads(response.data).get("items") or [])
 
+    def list_metadata(self, namespace: str, plural: str, selector: str) -> builtins.list[Obj]:
+        """One list by label selector of the objects' metadata only (a PartialObjectMetadataList):
+        none of their data crosses the wire, so a listing never reads a job's key or script."""
+        try:
+            response = self.request(
+                lambda timeout: self.api_client.call_api(
+                    f"/api/v1/namespaces/{namespace}/{plural}",
+                    "GET",
+                    query_params=[("labelSelector", selector)],
+                    header_params={"Accept": METADATA_ONLY},
+                    auth_settings=["BearerToken"],
+                    _return_http_data_only=True,
+                    _preload_content=False,
+                    _request_timeout=timeout,
+                )
+            )
+        except BackendError:
+            raise
+        except Exception as error:
+            raise translate(error, ApiRequest("list", plural, namespace), self.api_url) from error
+        return [{"metadata": item.get("metadata") or {}} for item in json.loads(response.data).get("items") or []]
+
     def delete(
         self,
         namespace: str,
@@ -216,6 +241,26 @@ class CoreObjects:
                 return None
             raise translate(error, ApiRequest("create", "selfsubjectrulesreviews", namespace), self.api_url) from error
         return dict(json.loads(response.data or b"{}").get("status") or {})
+
+    def whoami(self) -> str | None:
+        """The user name a SelfSubjectReview gives for these credentials
+        (``system:serviceaccount:NS:NAME`` for a service account's token); None when the
+        server does not serve or allow it (the messages then say "the credentials")."""
+        from kubernetes.client import AuthenticationV1Api
+
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        api = AuthenticationV1Api(self.api_client)
+        try:
+            response = self.request(
+                lambda timeout: api.create_self_subject_review(review, _preload_content=False, _request_timeout=timeout)
+            )
+            status = json.loads(response.data or b"{}").get("status") or {}
+        except BackendError:
+            raise
+        except Exception:  # an identity only names who lacks a verb: the verb is the error
+            return None
+        username = (status.get("userInfo") or {}).get("username")
+        return str(username) if username else None
 
     # --- pod logs ---------------------------------------------------------------------------
 

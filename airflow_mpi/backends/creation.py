@@ -123,37 +123,39 @@ class JobCreation:
 
     def _create_custom_job(self, plan: JobPlan, namespace: str) -> None:
         """The top object and the objects the kind makes beside it (our Secret and ConfigMap, a
-        TrainJob's runtime), made its dependents: created after it, or
-        (``creates_ours_before_top``) before it and then given their owner."""
+        TrainJob's runtime), made its dependents: created after it, owned from the start, or
+        (``made_before_top``: never a Secret) before it and then given their owner."""
         kind, top = self.kind, self.kind.top_resource
         top_object, *ours = kind.render(plan, namespace)
         earlier = self.custom.get(namespace, top, plan.job_name)
         if earlier is not None:
             check_owner(kind.top_label, earlier, namespace, plan.identity)
             self._delete_earlier_attempt(namespace, plan.job_name)  # its pods may be half-way
-        made: list[Obj] = []
+        made: list[Obj] = []  # created before the top object: not owned until replaced
+        created_ours: list[Obj] = []
+        created: Obj | None = None
         try:
-            if kind.creates_ours_before_top():
-                for obj in ours:
-                    obj["metadata"].pop("ownerReferences", None)
-                    made.append(self._create_fresh(namespace, obj, plan.identity))
+            for obj in (obj for obj in ours if kind.made_before_top(obj)):
+                obj["metadata"].pop("ownerReferences", None)
+                made.append(self._create_fresh(namespace, obj, plan.identity))
+                created_ours.append(obj)
             created = self._create_top(namespace, top_object, plan.identity)
             job = self.watch(plan, namespace, created["metadata"]["resourceVersion"])
             job.roles[plan.master.name] = Role.MASTER  # the controller creates it with the workers
             owner = kind.owner_reference(plan, created["metadata"]["uid"])
-            for obj in ours:
+            for obj in (obj for obj in ours if not kind.made_before_top(obj)):
                 obj["metadata"]["ownerReferences"] = [owner]
+                self._create_fresh(namespace, obj, plan.identity)  # another job's by its name: refused
+                created_ours.append(obj)  # only once made: a name another job holds stays its own
             for obj in made:
                 obj["metadata"]["ownerReferences"] = [owner]
                 self._replace(namespace, obj)
-            if not kind.creates_ours_before_top():
-                for obj in ours:
-                    self._create(namespace, obj)
         except BaseException as error:
-            if not isinstance(error, JobNameTaken):  # else the top object by this name is another job's
+            # A name taken before our top object existed: the top object by this name is another job's.
+            if created is not None or not isinstance(error, JobNameTaken):
                 with contextlib.suppress(Exception):  # the create's own error is the one to raise
                     self.remove(plan.job_name, namespace)
-            for obj in made:  # not owned yet, or the collector is slow: now
+            for obj in created_ours:  # not owned yet, or the collector is slow: now
                 with contextlib.suppress(Exception):
                     self._delete(namespace, obj)
             raise

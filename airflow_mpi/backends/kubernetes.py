@@ -172,7 +172,7 @@ class KubernetesBackend:
         """Fail before anything is created when the credentials lack a verb the job needs (its
         kind's and its gang's too: one SelfSubjectRulesReview). An answer the server marks
         incomplete (a webhook authorizer), or a review that is not allowed, is not judged: the
-        requests themselves will say."""
+        requests themselves will say. The error names who lacks the verb (a SelfSubjectReview)."""
         needed = self.kind.permissions(spec)
         if (namespace, needed) in self._permitted:
             return
@@ -180,7 +180,7 @@ class KubernetesBackend:
         if status is not None:
             missing = missing_permissions(status.get("resourceRules") or [], needed)
             if missing and not status.get("incomplete"):
-                raise LaunchError(render_missing(missing, namespace, RBAC_DOC))
+                raise LaunchError(render_missing(missing, namespace, RBAC_DOC, user=self.objects.whoami()))
         self._permitted.add((namespace, needed))
 
     def create(self, plan: JobPlan) -> None:

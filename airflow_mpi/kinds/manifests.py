@@ -190,8 +190,7 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest | No
     }
     if spec.pod.image_pull_policy:
         container["imagePullPolicy"] = spec.pod.image_pull_policy
-    if spec.pod.run_as is not None:
-        container["securityContext"] = render_container_security_context(spec.pod.run_as)
+    container["securityContext"] = render_container_security_context(spec.pod.run_as)
     if pod.role.value == "worker":
         # Ready once sshd listens; the master's launch script then checks a real ssh login.
         container["readinessProbe"] = {
@@ -215,8 +214,7 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest | No
         "containers": [container],
         "volumes": volumes,
     }
-    if spec.pod.run_as is not None:
-        pod_spec["securityContext"] = render_pod_security_context(spec.pod.run_as)
+    pod_spec["securityContext"] = render_pod_security_context(spec.pod.run_as)
     if spec.pod.service_account:
         pod_spec["serviceAccountName"] = spec.pod.service_account
     else:
@@ -237,9 +235,14 @@ def render_pod(plan: JobPlan, pod: PodPlan, namespace: str, owner: Manifest | No
     }
 
 
-def render_pod_security_context(run_as: tuple[int, int]) -> Manifest:
-    """A job without root: the pod-level fields of the Pod Security Standards' "restricted"
-    profile (docs/contract.md#jobs-without-root)."""
+def render_pod_security_context(run_as: tuple[int, int] | None) -> Manifest:
+    """Every pod's: the container runtime's default seccomp profile (the syscalls a container
+    never needs, e.g. kexec, mount of new filesystems, kernel modules, refused). A job without root
+    (``run_as``: uid, gid) gets the pod-level fields of the Pod Security Standards' "restricted"
+    profile too (docs/contract.md#jobs-without-root)."""
+    seccomp = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if run_as is None:
+        return seccomp
     uid, gid = run_as
     return {
         "runAsNonRoot": True,
@@ -248,13 +251,19 @@ def render_pod_security_context(run_as: tuple[int, int]) -> Manifest:
         # The kubelet makes the ssh Secret's files group-readable by this group (0440): the
         # launch script, running as the job's user, can then copy them to its own 0600 files.
         "fsGroup": gid,
-        "seccompProfile": {"type": "RuntimeDefault"},
+        **seccomp,
     }
 
 
-def render_container_security_context(run_as: tuple[int, int]) -> Manifest:
-    """Every container of a job without root: the restricted profile's container fields, and the
-    user, group and seccomp profile again, for policy engines that look at containers only."""
+def render_container_security_context(run_as: tuple[int, int] | None) -> Manifest:
+    """Every container's: no privilege escalation (``no_new_privs``: a setuid binary in the image
+    cannot raise a process's privileges). A root job keeps root's capabilities, which sshd's
+    privilege separation needs (setuid/setgid to its own user, chroot to /run/sshd: no_new_privs
+    leaves those alone). A job without root (``run_as``) gets the restricted profile's container
+    fields, and the user, group and seccomp profile again, for policy engines that look at
+    containers only."""
+    if run_as is None:
+        return {"allowPrivilegeEscalation": False}
     uid, gid = run_as
     return {
         "runAsNonRoot": True,

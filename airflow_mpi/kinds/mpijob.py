@@ -113,7 +113,7 @@ def render_mpijob_manifests(
     plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
 ) -> list[Manifest]:
     """Every object the MPIJob backend creates: the MPIJob, our Secret and our ConfigMap, owned
-    by it (the backend creates them first and sets the owner once the MPIJob's uid is known)."""
+    by it (the backend creates them right after it, with the owner its uid makes)."""
     require_image(plan)
     issues = check_mpijob_plan(plan)
     if issues:
@@ -287,14 +287,10 @@ class MPIJobKind(JobKind):
     top = MPIJOB
     top_label = "MPIJob"
     launcher_owner: ClassVar[tuple[str, str]] = ("batch/v1", "Job")  # the launcher pod's owner
-    ours_before_top = True
     master_generated = True
     explains_master_deletion = True
-    # It takes over our Secret and ConfigMap, made before it, as their owner: they are updated.
-    rules = (
-        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},
-        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
-    )
+    rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},)
+    trigger_rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["get", "delete"]},)
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The MPIJob, our Secret, our ConfigMap."""
@@ -313,7 +309,7 @@ class MPIJobKind(JobKind):
 
     def owns(self, obj: Obj) -> bool:
         """Owned by the MPIJob, or by its launcher's batch Job (the launcher pod, which carries
-        the operator's label); or by nothing yet: its Secret before the MPIJob exists."""
+        the operator's label); or by nothing: a Secret that earlier versions made before the MPIJob."""
         meta = obj.get("metadata", {})
         refs = meta.get("ownerReferences") or []
         launcher = LABEL_OPERATOR_JOB in (meta.get("labels") or {})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,7 +24,7 @@ from airflow_mpi.job.naming import RunIdentity, build_pod_name
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD, describe_group_wait, render_gang_manifests
 from airflow_mpi.kinds.manifests import PLACEHOLDER_UID, config_map_name, render_owner_reference
-from airflow_mpi.kinds.permissions import WATCHDOG_RULES, Permission, Rules, build_job_rules, build_permissions
+from airflow_mpi.kinds.permissions import Permission, Rules, build_job_permissions, build_trigger_permissions
 from airflow_mpi.kinds.registry import KIND_ENTRIES, KIND_OF_BACKEND
 from airflow_mpi.observe.status import PodPhase, PodState, PodTable, pod_state_from_k8s
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
@@ -75,15 +75,14 @@ class JobKind:
     # The custom object a job of this kind is (None: our own objects, owned by a Service).
     top: ClassVar[GVK | None] = None
     top_label: ClassVar[str] = "Service"  # for messages: "Volcano job", "MPIJob"
-    # Our Secret and ConfigMap are created before the top object (its controller starts pods at
-    # once, and a pod must find its volumes), then made its dependents.
-    ours_before_top: ClassVar[bool] = False
     # The master is a controller's pod named ``<master>-<random>`` (a batch Job's): the newest counts.
     master_generated: ClassVar[bool] = False
     # The top object says why the master pod was deleted (read once, when it is).
     explains_master_deletion: ClassVar[bool] = False
-    # What a job of this kind adds to the base Role (docs/guides/rbac.md's table): its top object.
+    # What a job of this kind adds to the worker's Role (docs/guides/rbac.md's table): its top object.
     rules: ClassVar[Rules] = ()
+    # What it adds to the triggerer's Role: reading its top object (and deleting it on a kill).
+    trigger_rules: ClassVar[Rules] = ()
 
     @property
     def top_resource(self) -> GVK:
@@ -96,10 +95,12 @@ class JobKind:
         may still come; the controller's object goes first and last), rather than we ourselves."""
         return self.top is not None
 
-    def creates_ours_before_top(self) -> bool:
-        """Whether our Secret and ConfigMap are created before the top object (its controller
-        starts pods at once, and a pod must find its volumes) and then made its dependents."""
-        return self.ours_before_top
+    def made_before_top(self, obj: Obj) -> bool:
+        """Whether ``obj`` (one of ``render``'s beside the top object) must exist before the top
+        object, and is only then given it as its owner. Our Secret and ConfigMap never are: they
+        are created owned by the top object, so no crash leaves a private key nobody owns (a pod
+        that starts first waits for its volumes, as the kubelet retries them)."""
+        return False
 
     @property
     def top_owner(self) -> tuple[str, str]:
@@ -131,10 +132,13 @@ class JobKind:
         return config_map_name(job_name)
 
     def permissions(self, spec: MPIJobSpec) -> tuple[Permission, ...]:
-        """Every verb a job of this kind with ``spec`` needs, checked before anything is created."""
+        """Every verb the worker needs for a job of this kind with ``spec``, checked before it creates anything."""
         gang = spec.scheduling.gang
-        rules = build_job_rules(self.rules, gang.value if gang is not None else None)
-        return build_permissions((*rules, *(WATCHDOG_RULES if spec.progress_timeout is not None else ())))
+        return build_job_permissions(self.rules, gang.value if gang else None, spec.progress_timeout is not None)
+
+    def trigger_permissions(self, deleted_on_kill: Sequence[Sequence[str]]) -> tuple[Permission, ...]:
+        """Every verb the triggerer needs for a deferred job of this kind whose kill deletes ``deleted_on_kill``."""
+        return build_trigger_permissions(self.trigger_rules, deleted_on_kill)
 
     def render_plan(
         self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None

@@ -8,7 +8,8 @@ policy would write its own keys, hostfile and ``OMPI_MCA_*`` env into the pods, 
 command, env or image. Without an ML policy Trainer copies the runtime's JobSet template whole,
 and the pod contract stays ours: our Secret (keys, pinned host keys), our ConfigMap (launch
 script, hostfile), our env. The runtime is snapshotted by Trainer at the first reconcile, so it
-only has to exist before the TrainJob; the TrainJob then owns it with our Secret and ConfigMap.
+only has to exist before the TrainJob, which then owns it; our Secret and ConfigMap are created
+after the TrainJob, owned by it from the start.
 
 Names (``<job>`` = the TrainJob's name): replicated jobs ``master`` (1 pod) and ``worker`` (N);
 Jobs ``<job>-master-0`` and ``<job>-worker-0``; the pods' host names (their plan names)
@@ -133,8 +134,9 @@ def render_trainjob_owner_reference(plan: JobPlan, uid: str) -> Manifest:
 def render_trainjob_manifests(
     plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
 ) -> list[Manifest]:
-    """Every object the TrainJob backend creates: the TrainJob, then what is created before it
-    (our Secret, our ConfigMap and the job's TrainingRuntime) and owned by it once it exists."""
+    """Every object the TrainJob backend creates: the TrainJob, our Secret and our ConfigMap
+    (created right after it, owned by it) and the job's TrainingRuntime (created before it, then
+    owned by it)."""
     require_image(plan)
     issues = check_trainjob_plan(plan)
     if issues:
@@ -285,19 +287,25 @@ class TrainJobKind(JobKind):
     name = "trainjob"
     top = TRAINJOB
     top_label = "TrainJob"
-    ours_before_top = True  # the runtime must exist when Trainer first reads the TrainJob
     master_generated = True
     explains_master_deletion = True
     rules = (
         {"apiGroups": [GROUP], "resources": ["trainjobs"], "verbs": ["create", "get", "list", "delete"]},
+        # Made before the TrainJob (Trainer reads it at once), then given it as its owner.
         {"apiGroups": [GROUP], "resources": ["trainingruntimes"], "verbs": ["create", "get", "update", "delete"]},
-        # Made before the TrainJob, then given it as their owner.
-        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["update"]},
+    )
+    trigger_rules = (
+        {"apiGroups": [GROUP], "resources": ["trainjobs"], "verbs": ["get", "delete"]},
+        {"apiGroups": [GROUP], "resources": ["trainingruntimes"], "verbs": ["delete"]},
     )
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The TrainJob, our Secret, our ConfigMap, the TrainingRuntime."""
         return list(render_trainjob_manifests(plan, namespace, redact_secrets=redact_secrets))
+
+    def made_before_top(self, obj: Obj) -> bool:
+        """The runtime (no key in it): Trainer, and Kueue's webhook, read it when the TrainJob is made."""
+        return obj.get("kind") == "TrainingRuntime"
 
     def dependent_resource(self, obj: Obj) -> GVK:
         if obj.get("kind") == "TrainingRuntime":

@@ -196,6 +196,7 @@ class VolcanoKind(JobKind):
     top = VOLCANO_JOB
     top_label = "Volcano job"
     rules = ({"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},)
+    trigger_rules = ({"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["get", "delete"]},)
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The Volcano Job, our Secret, our ConfigMap."""

@@ -152,6 +152,10 @@ class MPIJobTrigger(BaseTrigger):
         from kubernetes_asyncio.client import CoreV1Api
 
         async with shared_api_client(self.contract.kubernetes_conn_id) as api_client:
+            refused = await self._refused_permissions(api_client)
+            if refused is not None:
+                yield self._fire(events.api_refused(refused))
+                return
             if self.contract.master_log is not None and self.contract.wait_for == WAIT_FINISHED:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
@@ -166,6 +170,20 @@ class MPIJobTrigger(BaseTrigger):
             else:
                 outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
+
+    async def _refused_permissions(self, api_client: Any) -> str | None:
+        """What the triggerer's credentials lack of its Role for this job, checked once before
+        it follows the job (``triggers.rules_review``); None: nothing, or the server cannot tell."""
+        from airflow_mpi.triggers.rules_review import refused_permissions
+
+        needed = self.kind.trigger_permissions(self.contract.custom_objects)
+        # Bounded by the deadline too: an API that does not answer is the wait's to judge.
+        limit = max(0.0, min(self.contract.api_timeout, self.deadline - time.time()))
+        try:
+            async with asyncio.timeout(limit):
+                return await refused_permissions(api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1))
+        except TimeoutError:
+            return None
 
     async def _wait_following(self, core: Any, api_client: Any) -> Outcome:
         """The pod watch and the master's log follow side by side. The job's end fires once the

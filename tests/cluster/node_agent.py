@@ -335,6 +335,10 @@ class PodRunner:
         with self.lock:
             self.cstate.logs.append(log)
         user = _run_as(self.pod["spec"], self.container)
+        if user is None and _no_escalation(self.container):
+            # What the container runtime gives allowPrivilegeEscalation: false to a root container:
+            # no_new_privs on its first process (a non-root user gets it from the sandbox already).
+            argv = ["setpriv", "--no-new-privs", "--", *argv]
         proc = self.agent.sandbox.start(
             self.key,
             argv,
@@ -1133,6 +1137,11 @@ def _container_pids(unshare_pid: int) -> list[int]:
     for child in children(unshare_pid):
         pids += children(child) or [child]
     return pids or [unshare_pid]
+
+
+def _no_escalation(container: Obj) -> bool:
+    """Whether the container asks for no privilege escalation (``no_new_privs``)."""
+    return (container.get("securityContext") or {}).get("allowPrivilegeEscalation") is False
 
 
 def _run_as(spec: Obj, container: Obj) -> tuple[int, int] | None:

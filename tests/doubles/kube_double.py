@@ -73,6 +73,17 @@ from tests.doubles.apivalidation import (
 HISTORY = 20_000  # watch events kept; older resourceVersions get 410 Gone
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")  # what a new cluster has
 USER = "system:serviceaccount:airflow:airflow-worker"  # who asks, in the double's 403 messages
+# The API groups besides the core one that the product's Roles name (the rules review, with only
+# ``deny`` in force, grants them whole).
+OTHER_GROUPS = (
+    "coordination.k8s.io",
+    "batch.volcano.sh",
+    "scheduling.volcano.sh",
+    "scheduling.x-k8s.io",
+    "kueue.x-k8s.io",
+    "kubeflow.org",
+    "trainer.kubeflow.org",
+)
 
 Obj = dict[str, Any]
 
@@ -218,6 +229,8 @@ class KubeDouble:
         self.credentials_expired = False
         self._denied: set[tuple[str, str]] = set()  # (verb, resource) the Role lacks
         self._granted: set[tuple[str, str]] | None = None  # with a Role: only what it grants
+        self._granted_other: list[Obj] = []  # a Role's rules for other API groups (reported only)
+        self.metadata_lists: list[str] = []  # plurals listed with metadata only, in order
         self._answering = threading.Event()  # cleared: requests are held, streams go silent
         self._answering.set()
         self._connections: set[socket.socket] = set()
@@ -333,7 +346,8 @@ class KubeDouble:
             self._denied.add((verb, resource))
 
     def grant(self, rules: list[Obj]) -> None:
-        """RBAC by a Role's ``rules`` (core API group): any other verb or resource is 403."""
+        """RBAC by a Role's ``rules``: any other verb or resource of the core API group is 403;
+        the rules of other groups are only reported by the rules review."""
         granted = {
             (verb, resource)
             for rule in rules
@@ -341,8 +355,9 @@ class KubeDouble:
             for verb in rule.get("verbs", [])
             for resource in rule.get("resources", [])
         }
+        others = [dict(rule) for rule in rules if "" not in rule.get("apiGroups", [""])]
         with self._lock:
-            self._granted = granted
+            self._granted, self._granted_other = granted, others
 
     # As an API server with a webhook authorizer answers: its rules review is incomplete, so a
     # client cannot tell what it may do before it asks (each request's 403 says).
@@ -354,12 +369,18 @@ class KubeDouble:
             granted, denied = self._granted, set(self._denied)
         if granted is None and not denied:
             return [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+        others = self._granted_other
         if granted is None:
             resources = [*KINDS, "pods/log"]
             verbs = ("create", "get", "list", "watch", "delete", "deletecollection", "update", "patch")
             granted = {(verb, resource) for verb in verbs for resource in resources}
+            others = [{"apiGroups": list(OTHER_GROUPS), "resources": ["*"], "verbs": ["*"]}]
         return [
-            {"apiGroups": [""], "resources": [resource], "verbs": [verb]} for verb, resource in sorted(granted - denied)
+            *(
+                {"apiGroups": [""], "resources": [resource], "verbs": [verb]}
+                for verb, resource in sorted(granted - denied)
+            ),
+            *others,
         ]
 
     def expire_credentials(self, expired: bool = True) -> None:
@@ -966,6 +987,11 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path.startswith("/_double/"):
             self._control(method, url.path)
             return
+        if url.path == "/apis/authentication.k8s.io/v1/selfsubjectreviews" and method == "POST":
+            review = self._body()
+            review["status"] = {"userInfo": {"username": double.user, "groups": ["system:authenticated"]}}
+            self._send_json(201, review)
+            return
         if url.path == "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews" and method == "POST":
             review = self._body()
             review["status"] = {
@@ -1069,14 +1095,21 @@ class _Handler(BaseHTTPRequestHandler):
         ]
         with self.double._lock:
             rv = str(self.double._rv)
+        if "as=PartialObjectMetadataList" in (self.headers.get("Accept") or ""):  # metadata only
+            items = [
+                {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}
+                for o in items
+            ]
+            self.double.metadata_lists.append(plural)
+            kind, api_version = "PartialObjectMetadataList", "meta.k8s.io/v1"
+        else:
+            kind, api_version = (
+                f"{self.double.kind_of(plural)}List",
+                self.double.custom_kinds.get(plural, ("v1", ""))[0],
+            )
         self._send_json(
             200,
-            {
-                "kind": f"{self.double.kind_of(plural)}List",
-                "apiVersion": self.double.custom_kinds.get(plural, ("v1", ""))[0],
-                "metadata": {"resourceVersion": rv},
-                "items": items,
-            },
+            {"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv}, "items": items},
         )
 
     def _watch(self, plural: str, namespace: str, query: dict[str, str]) -> None:

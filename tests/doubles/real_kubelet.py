@@ -30,6 +30,8 @@ from tests.doubles.kube_double import (
     _set_waiting,
 )
 
+VOLUME_WAIT = 10.0  # seconds a pod waits for a Secret or ConfigMap it mounts to be created
+
 
 class RealKubelet:
     def __init__(self, state_dir: Path, path: str | None = None) -> None:
@@ -67,7 +69,7 @@ class RealKubelet:
                     names = [domain, f"{domain}.{namespace}.svc.cluster.local", hostname]
                 self._hosts[name] = (entry.ip, tuple(names))
                 sandbox.write_hosts(list(self._hosts.values()))
-            mounts = self._mounts(double, namespace, name, spec, container)
+            mounts = self._mounts_when_there(double, namespace, name, spec, container)
         except Exception as error:  # a volume the double cannot provide
             message = str(error)
             double.update_pod_status(namespace, name, lambda p: _set_waiting(p, "CreateContainerConfigError", message))
@@ -149,6 +151,20 @@ class RealKubelet:
                 raise ValueError(f"volume {volume['name']}: only configMap, secret, emptyDir, hostPath here")
         return mounts + binds
 
+    def _mounts_when_there(
+        self, double: KubeDouble, namespace: str, name: str, spec: Obj, container: Obj
+    ) -> list[Mount]:
+        """As the kubelet's volume manager: a Secret or ConfigMap not there yet (created right
+        after the object that made the pod) is tried again, for a while."""
+        give_up = time.monotonic() + VOLUME_WAIT
+        while True:
+            try:
+                return self._mounts(double, namespace, name, spec, container)
+            except _VolumeMissing:
+                if time.monotonic() > give_up or name in self._stopping:
+                    raise
+                time.sleep(0.2)
+
     def _materialize(self, double: KubeDouble, namespace: str, volume: Obj, path: Path) -> Path:
         if "configMap" in volume:
             source, plural, key = volume["configMap"], "configmaps", "name"
@@ -156,7 +172,7 @@ class RealKubelet:
             source, plural, key = volume["secret"], "secrets", "secretName"
         obj = double.get(plural, namespace, source[key])
         if obj is None:
-            raise ValueError(f"{plural[:-1]} {source[key]} not found")
+            raise _VolumeMissing(f"{plural[:-1]} {source[key]} not found")
         data: dict[str, bytes] = {}
         for item_key, value in (obj.get("data") or {}).items():
             data[item_key] = base64.b64decode(value) if plural == "secrets" else value.encode()
@@ -208,3 +224,7 @@ def _env_value(pod: Obj, item: Obj) -> str:
     if field in ("metadata.name", "metadata.namespace"):
         return str(pod["metadata"].get(field.split(".", 1)[1], ""))
     return str(item.get("value", ""))
+
+
+class _VolumeMissing(ValueError):
+    """A Secret or ConfigMap a pod mounts is not there (yet)."""

@@ -106,15 +106,16 @@ class Jobs:
         raise AssertionError(f"the master of {job} never reached {phase}")
 
     def age(self, job: str, hours: float) -> None:
-        """Make the job look ``hours`` old (its Secret's creation time is its age)."""
+        """Make the job look ``hours`` old (its Secret's and ConfigMap's creation time is its age)."""
         stamp = (datetime.now(timezone.utc) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for secret in self.kube.list_objects("secrets", NS, f"airflow-mpi.io/job={job}"):
-            self.kube.update_object(
-                "secrets",
-                NS,
-                secret["metadata"]["name"],
-                lambda s: s["metadata"].__setitem__("creationTimestamp", stamp),
-            )
+        for plural in ("secrets", "configmaps"):
+            for obj in self.kube.list_objects(plural, NS, f"airflow-mpi.io/job={job}"):
+                self.kube.update_object(
+                    plural,
+                    NS,
+                    obj["metadata"]["name"],
+                    lambda o: o["metadata"].__setitem__("creationTimestamp", stamp),
+                )
 
 
 @pytest.fixture

@@ -73,14 +73,16 @@ def wait_for_phase(double: KubeDouble, pod: str, phase: str) -> None:
 
 
 def age(double: KubeDouble, job: str, hours: float) -> None:
-    """Make the job look ``hours`` old (its Secret's creation time is its age, whatever the backend)."""
+    """Make the job look ``hours`` old (its Secret's and ConfigMap's creation time is its age,
+    whatever the backend)."""
     stamp = (datetime.now(timezone.utc) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for secret in double.list_objects("secrets", "default"):
-        if (secret["metadata"].get("labels") or {}).get("airflow-mpi.io/job") == job:
-            name = secret["metadata"]["name"]
-            double.update_object(
-                "secrets", "default", name, lambda s: s["metadata"].__setitem__("creationTimestamp", stamp)
-            )
+    for plural in ("secrets", "configmaps"):
+        for obj in double.list_objects(plural, "default"):
+            if (obj["metadata"].get("labels") or {}).get("airflow-mpi.io/job") == job:
+                name = obj["metadata"]["name"]
+                double.update_object(
+                    plural, "default", name, lambda o: o["metadata"].__setitem__("creationTimestamp", stamp)
+                )
 
 
 @pytest.fixture
@@ -133,6 +135,10 @@ def test_jobs_prints_a_table_of_identity_phase_age_and_pods_ready(
         listed[done.job_name]["why"] == "the master succeeded"
         and listed[busy.job_name]["ready"] == table[busy.job_name][7]
     )
+    # Listing reads no Secret (no job's private key crosses the wire), and of our ConfigMaps
+    # only their metadata (labels, annotations, owner, age).
+    assert double.request_count("GET", "/secrets") == 0
+    assert double.metadata_lists == ["configmaps", "configmaps"]
 
 
 def test_jobs_in_an_empty_namespace_says_so(cli: Callable[..., tuple[int, str, str]]) -> None:
@@ -316,10 +322,10 @@ def test_run_on_kubernetes_interrupted_deletes_the_job(
 def test_unreachable_api_forbidden_and_expired_credentials_are_one_clear_line(
     cli: Callable[..., tuple[int, str, str]], double: KubeDouble
 ) -> None:
-    double.deny("list", "secrets")
+    double.deny("list", "configmaps")
     code, _, err = cli("jobs")
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
-    assert "cannot `list` `secrets` in namespace default (403 Forbidden)" in err
+    assert "cannot `list` `configmaps` in namespace default (403 Forbidden)" in err
 
     double.expire_credentials()
     code, _, err = cli("gc", "--older-than", "1d")

@@ -347,3 +347,21 @@ def test_a_sensor_in_another_task_finds_the_job_by_name(
     finally:
         runner.teardown()
     assert left(kube) == []
+
+
+def test_a_create_that_fails_after_the_secret_leaves_no_secret(
+    backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController]
+) -> None:
+    """Our Secret is created owned by the MPIJob, right after it; the ConfigMap refused next, the
+    create deletes the MPIJob and the Secret itself (it never waits for the garbage collector)."""
+    kube, _ = cluster
+    plan = make_plan(backend, workers=1)
+    kube.fail_requests(method="POST", path=r"/configmaps$", status=422, count=1)
+    with pytest.raises(LaunchError):
+        backend.create(plan)
+    posts = [path for method, path in kube.requests if method == "POST"]
+    secret_at = next(i for i, path in enumerate(posts) if path.endswith("/secrets"))
+    mpijob_at = next(i for i, path in enumerate(posts) if path.endswith("/mpijobs"))
+    assert mpijob_at < secret_at, posts  # never a Secret that nothing owns
+    ours = [s["metadata"]["name"] for s in kube.list_objects("secrets", NS) if plan.job_name in s["metadata"]["name"]]
+    assert ours == [], left(kube)

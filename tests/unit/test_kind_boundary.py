@@ -21,7 +21,7 @@ from airflow_mpi.kinds.strategy import job_kind, kind_for_backend, kind_of, regi
 
 PACKAGE = Path(airflow_mpi.__file__).parent
 NAMES = {entry.name for entry in KIND_ENTRIES} | {entry.backend for entry in KIND_ENTRIES}
-FLAGS = {"top", "ours_before_top", "master_generated", "explains_master_deletion"}
+FLAGS = {"top", "master_generated", "explains_master_deletion"}
 
 
 def _outside_kinds() -> list[tuple[str, ast.AST]]:

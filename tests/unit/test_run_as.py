@@ -114,15 +114,16 @@ def test_non_root_pods_use_the_images_runtime_dir_not_an_empty_dir() -> None:
     assert "mpi-runtime" in [v["name"] for v in root_pod["spec"]["volumes"]]
 
 
-def test_root_pods_carry_no_security_context_and_fail_restricted() -> None:
+def test_root_pods_carry_the_secure_defaults_and_fail_restricted_only_for_root() -> None:
+    """A root job's pods: the runtime's default seccomp profile and no privilege escalation; what
+    keeps them out of the restricted profile is root itself (and its capabilities, which sshd's
+    privilege separation needs)."""
     for pod in pods_for():
-        assert "securityContext" not in pod["spec"]
-        assert "securityContext" not in pod["spec"]["containers"][0]
+        assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        assert pod["spec"]["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
         assert [v.reason for v in check_pod("restricted", pod)] == [
-            "allowPrivilegeEscalation != false",
             "unrestricted capabilities",
             "runAsNonRoot != true",
-            "seccompProfile",
         ]
         assert check_pod("baseline", pod) == []
 
