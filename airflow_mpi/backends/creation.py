@@ -1,7 +1,8 @@
 """Creating a job's objects on a cluster, for every kind, so that a failure part-way leaves
-nothing: the ``pods`` kind's Service first (the owner of everything else), then our Secret and
-ConfigMap, then the worker pods concurrently (the master once they are ready, or with them for a
-gang); a controller's kind's top object and our Secret and ConfigMap made its dependents. An
+nothing: the ``pods`` kind's Service first (the owner of everything else), then our Secret,
+ConfigMap and the Lease of the live log's mark, then the worker pods concurrently (the master
+once they are ready, or with them for a gang); a controller's kind's top object and our Secret,
+ConfigMap and Lease made its dependents (the Lease after the top object: no pod needs it). An
 earlier attempt of the same try is removed first; a create that fails tears down what it made.
 """
 
@@ -21,7 +22,7 @@ from airflow_mpi.exceptions import BackendUnreachable, LaunchError
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.gang import POD_GROUP_KINDS
-from airflow_mpi.kinds.manifests import config_map_name, secret_name
+from airflow_mpi.kinds.manifests import LOG_LEASE, config_map_name, log_lease_name, render_log_lease, secret_name
 from airflow_mpi.kinds.strategy import JobKind
 from airflow_mpi.spec import Role
 
@@ -64,6 +65,7 @@ class JobCreation:
             secret, config_map, *rest = manifests[1:]
             self.objects.create(namespace, "secrets", secret)
             self.objects.create(namespace, "configmaps", config_map)
+            self._create_log_lease(plan, namespace, owner)
             if self.kind.starts_master_with_workers(plan):  # a gang: every pod at once
                 self._create_gang(namespace, job, rest)
                 return
@@ -82,7 +84,20 @@ class JobCreation:
                 for plural, name in ours:
                     with contextlib.suppress(Exception):
                         self.objects.delete(namespace, plural, name)
+                with contextlib.suppress(Exception):
+                    self.custom.delete(namespace, LOG_LEASE, log_lease_name(plan.job_name))
             raise
+
+    def _create_log_lease(self, plan: JobPlan, namespace: str, owner: Obj) -> None:
+        """The Lease a deferred job's trigger keeps its shown mark on, owned like the rest; one an
+        earlier attempt left (its owner deleted in the background) is replaced: its count is not
+        this job's."""
+        lease = render_log_lease(plan, namespace, owner)
+        try:
+            self.custom.create(namespace, LOG_LEASE, lease)
+        except AlreadyExists:
+            self.custom.delete(namespace, LOG_LEASE, lease["metadata"]["name"])
+            self.custom.create(namespace, LOG_LEASE, lease)
 
     def _create_pods(self, namespace: str, pods: list[Obj]) -> None:
         if pods:
@@ -139,12 +154,15 @@ class JobCreation:
             if not kind.creates_ours_before_top():
                 for obj in ours:
                     self._create(namespace, obj)
+            self._create_log_lease(plan, namespace, owner)
         except BaseException:
             with contextlib.suppress(Exception):  # the create's own error is the one to raise
                 self.remove(plan.job_name, namespace)
             for obj in made:  # not owned yet, or the collector is slow: now
                 with contextlib.suppress(Exception):
                     self._delete(namespace, obj)
+            with contextlib.suppress(Exception):
+                self.custom.delete(namespace, LOG_LEASE, log_lease_name(plan.job_name))
             raise
 
     def _create_top(self, namespace: str, manifest: Obj) -> Obj:

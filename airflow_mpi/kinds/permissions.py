@@ -37,8 +37,9 @@ POD_BACKEND_RULES: tuple[dict[str, list[str]], ...] = (
         "resources": ["services", "secrets", "configmaps"],
         "verbs": ["create", "get", "list", "delete"],
     },
-    # A deferred job's live log keeps how far it was shown on the job's ConfigMap (``logshown``).
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["update"]},
+    # A deferred job's live log keeps how far it was shown on a Lease of the job's (``logshown``):
+    # the worker creates, reads and deletes it with the job; the triggerer reads and updates it.
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
 )
 

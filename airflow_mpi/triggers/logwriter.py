@@ -13,7 +13,9 @@ its records are all written: the resumed task counts them as shown.
 
 Each record names how far the master's log has been read through its last line
 (``logfollow.build_mark``). With the job's shown mark (``logshown``), a record goes out only once
-the mark counts its lines: a trigger that another triggerer starts again goes on after them.
+the mark counts its lines: a trigger that another triggerer starts again goes on after them. The
+mark is written at most once a second: the records that came meanwhile wait, and one write
+counts them all (a job printing 20 lines a second: 1 write a second, not 4).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class MasterRecords:
         try:
             if self.shown is not None and self._outbox and not self.shown.lost:
                 async with asyncio.timeout(timeout):
-                    await self.shown.mark(self._outbox[-1][2])
+                    await self.shown.mark(self._outbox[-1][2], stopping=True)
         finally:
             self.write_now()
 
@@ -130,17 +132,20 @@ class MasterRecords:
             self._shipping = asyncio.get_running_loop().create_task(self._ship())
 
     async def _ship(self) -> None:
-        """The outbox in order: each record once the mark counts its lines."""
+        """The outbox in order: once a write is due, one mark counting every record waiting,
+        then those records."""
         assert self.shown is not None
         try:
             while self._outbox:
-                call, text, mark = self._outbox[0]
-                if not await self.shown.mark(mark):
+                await self.shown.pace()
+                counted = self._outbox[-1][2]
+                if not await self.shown.mark(counted):
                     self._outbox.clear()  # another trigger shows this log now
                     self.logger.info("airflow-mpi: another triggerer shows this job's log from here on")
                     break
-                self._outbox.popleft()
-                self._send(call, text, mark)
+                while self._outbox and self._outbox[0][2] <= counted:
+                    call, text, mark = self._outbox.popleft()
+                    self._send(call, text, mark)
         finally:
             self._shipping = None
 
