@@ -6,9 +6,9 @@ writes it (``triggers.logshown``).
 A trigger that starts again on another triggerer (a second triggerer for availability, a
 rescheduled triggerer pod with none of the first one's log folder, remote logging) goes on after
 the lines the mark counts. The Lease's holder (``spec.holderIdentity``) is the trigger that
-writes the mark now: a trigger that finds it held by another live trigger of the job stops
-showing lines, so two triggerers running the same trigger for a while (Airflow's handover)
-never show a line twice.
+writes the mark now: a trigger that finds it held by another live trigger of the job leaves the
+lines to it, so two triggerers running the same trigger for a while (Airflow's handover) never
+show a line twice.
 
 Whoever may update Leases in the namespace can write anything there, so a mark is read as
 untrusted input: a count that is not a plain whole number (``Infinity``, ``-1``, ``1e9``), a
@@ -25,10 +25,10 @@ from typing import Any
 
 LINES_ANNOTATION = "airflow-mpi.io/log-lines"  # the count, on the Lease
 TRY_ANNOTATION = "airflow-mpi.io/log-try"  # the task try whose trigger wrote it
-# Seconds a holder's Lease stays its own without a write: the holder writes at least every third
-# of it (``RENEW_SECONDS``), so another trigger that sees no write for this long knows it is gone.
+# A live holder counts a line within this many seconds of the log having it (it writes the mark
+# once a second as it shows lines): another trigger that read a line this long ago, still not
+# counted, takes the mark back. Written into the Lease as its ``leaseDurationSeconds``.
 LEASE_SECONDS = 30
-RENEW_SECONDS = LEASE_SECONDS / 3
 MAX_DIGITS = 15  # a count past this (10**15 lines) is no log's: not believed
 # What ``build_trigger_owner`` makes: host, process id, a random part.
 _OWNER = re.compile(r"[^\s:]{1,253}:[0-9]{1,10}:[0-9a-f]{8}")

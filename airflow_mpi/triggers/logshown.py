@@ -3,25 +3,24 @@ starts, written before the records of the master's lines it counts go to the tas
 
 Written first, then the records: the mark never counts less than the log holds, so a trigger
 that takes over never shows a line twice. At most one write a second (``WRITE_INTERVAL``): the
-records that arrive meanwhile wait, and one write counts them all. A holder with nothing to write
-renews its Lease every ``RENEW_SECONDS``, so the others can tell it is alive. A graceful stop (a
-triggerer told to stop, a trigger moved) writes what it read and its mark, then ends: exactly
-once. A triggerer killed outright loses only what it had marked and not yet handed to its
-supervisor (docs/guides/deferred.md).
+records that arrive meanwhile wait, and one write counts them all. A graceful stop (a triggerer
+told to stop, a trigger moved) writes what it read and its mark, then ends: exactly once. A
+triggerer killed outright loses only what it had marked and not yet handed to its supervisor
+(docs/guides/deferred.md).
 
-Each write is conditional on the Lease's resourceVersion. A trigger that finds another holder
-(Airflow's handover: both run the trigger for a while) keeps its records and watches the Lease:
-if that holder writes within ``LEASE_SECONDS``, it is a live trigger of this job, it shows the
-lines from then on and this one stops (``lost``); if it does not, or is not a trigger at all,
-this one says so once and takes the mark back. A mark it cannot believe is said once too, and
-hides nothing. Without the Lease, or without ``get``/``update`` on Leases, the mark is off, with
-one warning: the lines are shown, and a takeover starts over from the operator's count.
+Each write is conditional on the Lease's resourceVersion. A trigger that finds another trigger
+holding the mark (Airflow's handover: both run the trigger for a while) gives way (``lost``): it
+drops the records the holder counts, and keeps the others. A live trigger of this job counts the
+lines as the log gets them; a holder that has not counted a line this trigger read
+``LEASE_SECONDS`` ago is none, and neither is a holder that is no trigger at all: this trigger
+says so once and takes the mark back. A mark it cannot believe is said once too, and hides
+nothing. Without the Lease, or without ``get``/``update`` on Leases, the mark is off, with one
+warning: the lines are shown, and a takeover starts over from the operator's count.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import socket
@@ -34,8 +33,6 @@ from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, api_status
 from airflow_mpi.kinds.manifests import LOG_LEASE
 from airflow_mpi.observe.shown import (
     LEASE_SECONDS,
-    RENEW_SECONDS,
-    LeaseMark,
     ShownMark,
     build_trigger_owner,
     is_trigger_owner,
@@ -72,25 +69,22 @@ class ShownLines:
         timeout: float = WRITE_TIMEOUT,
         write_interval: float = WRITE_INTERVAL,
         lease_seconds: float = LEASE_SECONDS,
-        renew_seconds: float = RENEW_SECONDS,
     ) -> None:
         self.api_client, self.namespace, self.lease = api_client, namespace, lease
         self.try_number = try_number
         # A read or write of the mark waits at most this (and never past the API's silence bound).
         self.request_timeout = (CONNECT_TIMEOUT, min(WRITE_TIMEOUT, timeout))
-        self.write_interval, self.lease_seconds, self.renew_seconds = write_interval, lease_seconds, renew_seconds
+        self.write_interval, self.lease_seconds = write_interval, lease_seconds
         self.log: Any = None  # the trigger's: where the reports go
         self.owner = trigger_owner()
-        self.lines = 0  # what the mark says now
-        self.lost = False  # another live trigger marks this log now: show nothing more
+        self.lines = 0  # what the mark says now (another holder's count, while ``lost``)
+        self.lost = False  # another trigger holds the mark now: show only what it does not count
         self.off = False  # the mark cannot be read or written here
         self.writes = 0  # the Lease's writes by this trigger
         self._object: dict[str, Any] = {}  # the Lease as last read or written
         self._claimed = False  # our first write went through: a foreign holder since is a takeover
-        self._written_at = float("-inf")  # monotonic
-        self._lock = asyncio.Lock()  # one write at a time (the records' and the renewal's)
+        self._written_at = float("-inf")  # monotonic: the last read or write, for the pace
         self._reported: set[str] = set()
-        self._renewal: asyncio.Task[None] | None = None
 
     async def claim(self, log: Any) -> int:
         """Read the mark and take it over; the lines it counts (0 without one, or with one not
@@ -106,8 +100,6 @@ class ShownLines:
             self.report(f"the mark on Lease {self.namespace}/{self.lease} is not believed: {found.problem}")
         self.lines = found.mark.lines if found.mark is not None else 0  # known even where it cannot be written
         await self.mark(self.lines)
-        if not self.off:
-            self._renewal = asyncio.get_running_loop().create_task(self._renew())
         return self.lines
 
     def distrust(self, why: str, lines: int) -> None:
@@ -121,26 +113,23 @@ class ShownLines:
         if wait > 0:
             await asyncio.sleep(wait)
 
-    async def mark(self, lines: int, *, stopping: bool = False) -> bool:
-        """Mark ``lines`` as in the log (before their records are written); False once another
-        live trigger holds the mark (``lost``). Off: True, nothing written. ``stopping``: the
-        trigger is cancelled and cannot wait to see whether another holder is alive."""
+    async def mark(self, lines: int, *, read_at: float | None = None, stopping: bool = False) -> bool:
+        """Mark ``lines`` as in the log (before their records are written): True to write them.
+        False while another trigger holds the mark (``lost``): the records ``lines`` counts are
+        then its to show (``holder_counts``), unless the oldest of them, read at ``read_at``
+        (monotonic), is older than ``lease_seconds`` and still not counted: the mark is then taken
+        back. ``stopping``: the trigger is cancelled, it looks no further. Off: True, nothing written."""
         if self.off:
             return True
         if self.lost:
-            return False
+            return await self._beside_holder(lines, read_at, stopping)
         if self._claimed and lines <= self.lines:
             return True  # counted already (a warning after the lines it follows)
-        async with self._lock:
-            return await self._write(lines, stopping)
+        return await self._write(lines)
 
-    async def close(self) -> None:
-        """The trigger ends: no more renewals."""
-        if self._renewal is not None:
-            self._renewal.cancel()
-            with contextlib.suppress(BaseException):
-                await self._renewal
-            self._renewal = None
+    def holder_counts(self, lines: int) -> bool:
+        """Whether the holder of the mark (another trigger, while ``lost``) counts ``lines``."""
+        return self.lost and lines <= self.lines
 
     def report(self, text: str) -> None:
         """Once per text, in the task log (a tampered mark is said, not repeated every write)."""
@@ -148,21 +137,22 @@ class ShownLines:
             self._reported.add(text)
             self.log.warning("airflow-mpi: %s; every line is shown from this trigger's own count", text)
 
-    async def _write(self, lines: int, stopping: bool) -> bool:
+    async def _write(self, lines: int) -> bool:
         for _ in range(5):  # conflicts: another writer between our read and our write
             found = parse_lease_mark(self._object)
             if self._claimed and found.holder != self.owner:
-                if not await self._foreign(found, stopping):
+                if is_trigger_owner(found.holder):  # a takeover: it shows the lines it counts
                     self.lost = True
+                    self.lines = found.mark.lines if found.mark is not None else 0
                     return False
-                if self.off:
-                    return True
-                found = parse_lease_mark(self._object)
+                self.report(
+                    f"the mark on Lease {self.namespace}/{self.lease} names {found.holder!r:.60}, which is not "
+                    "an airflow-mpi trigger"
+                )
             if not self._claimed and found.mark is not None:  # a claim: the newest believed count
                 lines = max(lines, found.mark.lines)  # (the last holder may have marked more since)
-            body = render_lease_mark(
-                self._object, ShownMark(lines, self.owner, self.try_number), micro_time(time.time())
-            )
+            mark = ShownMark(lines, self.owner, self.try_number)
+            body = render_lease_mark(self._object, mark, micro_time(time.time()))
             try:
                 self._object = await self._replace(body)
             except Exception as error:
@@ -183,41 +173,41 @@ class ShownLines:
         self._give_up("write", RuntimeError("the Lease kept changing"))
         return True
 
-    async def _foreign(self, found: LeaseMark, stopping: bool) -> bool:
-        """Another holder's Lease: True to take the mark back (it is no live trigger of this
-        job), False to give way (it wrote within ``lease_seconds``: it shows the lines now)."""
-        where = f"Lease {self.namespace}/{self.lease}"
-        if not is_trigger_owner(found.holder):
-            self.report(f"the mark on {where} names {found.holder!r:.60}, which is not an airflow-mpi trigger")
+    async def _beside_holder(self, lines: int, read_at: float | None, stopping: bool) -> bool:
+        """Another trigger holds the mark: read its count (at the writes' pace); take the mark
+        back when the holder is no trigger, or has not counted a line read ``lease_seconds`` ago."""
+        if stopping:  # no time to look: as last read (a takeover cancels this trigger next)
+            if lines > self.lines and self._overdue(read_at) is not None:
+                return await self._take_back(lines, read_at)
+            return False
+        try:
+            self._object = await self._read()
+        except Exception as error:
+            self._give_up("read", error)
             return True
-        if stopping:
-            return False  # just seen: alive as far as we know (a takeover cancels us next)
-        seen, since = (found.holder, found.version), time.monotonic()
-        while time.monotonic() - since < self.lease_seconds:
-            await asyncio.sleep(min(1.0, self.lease_seconds / 10))
-            try:
-                self._object = await self._read()
-            except Exception as error:
-                self._give_up("read", error)
-                return True
-            now = parse_lease_mark(self._object)
-            if now.holder == self.owner:
-                return True  # given back
-            if (now.holder, now.version) != seen:
-                return False  # it wrote: alive
-        self.report(
-            f"the mark on {where} is held by {found.holder!r:.60}, which has not written it in "
-            f"{self.lease_seconds:.0f} s: no live trigger of this job"
-        )
-        return True
+        self._written_at = time.monotonic()
+        found = parse_lease_mark(self._object)
+        if found.holder == self.owner or not is_trigger_owner(found.holder):
+            self.lost = False  # given back, or written over by what is no trigger: ours again
+            return await self._write(lines)
+        self.lines = found.mark.lines if found.mark is not None else 0
+        if lines <= self.lines:
+            return False  # it counts them: its to show
+        return self._overdue(read_at) is not None and await self._take_back(lines, read_at)
 
-    async def _renew(self) -> None:
-        """Write the same count when nothing was written for ``renew_seconds``: the holder is alive."""
-        while not (self.lost or self.off):
-            await asyncio.sleep(max(0.0, self._written_at + self.renew_seconds - time.monotonic()))
-            if time.monotonic() - self._written_at >= self.renew_seconds and not (self.lost or self.off):
-                async with self._lock:
-                    await self._write(self.lines, stopping=False)
+    def _overdue(self, read_at: float | None) -> float | None:
+        """Seconds since the oldest line the holder does not count was read, once past ``lease_seconds``."""
+        waited = time.monotonic() - read_at if read_at is not None else 0.0
+        return waited if waited >= self.lease_seconds else None
+
+    async def _take_back(self, lines: int, read_at: float | None) -> bool:
+        holder = parse_lease_mark(self._object).holder
+        self.report(
+            f"the mark on Lease {self.namespace}/{self.lease} is held by {holder!r:.60}, which has not counted "
+            f"lines this trigger read {self.lease_seconds:.0f} s ago: no live trigger of this job"
+        )
+        self.lost = False
+        return await self._write(lines)
 
     async def _read(self) -> dict[str, Any]:
         group, version, plural, _ = LOG_LEASE

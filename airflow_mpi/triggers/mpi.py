@@ -226,7 +226,6 @@ class MPIJobTrigger(BaseTrigger):
             for task in (following, watching):
                 task.cancel()
             await asyncio.gather(following, watching, return_exceptions=True)
-            await mark.close()
 
     async def _claim_then_follow(self, mark: Any, follower: Any) -> None:
         """Take the job's mark over (beside the pod watch: an API that does not answer is the

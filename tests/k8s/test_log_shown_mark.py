@@ -115,7 +115,6 @@ def test_the_mark_is_claimed_then_counts_each_record_before_it_is_written(double
             records.info(f"[1,0]<stdout>:line {i}")
             await asyncio.sleep(0.05)
         await records.written(5)
-        await mark.close()
         return before, mark.lines
 
     before, after = asyncio.run(with_client(double, body))
@@ -148,7 +147,6 @@ def test_the_mark_is_written_at_most_once_a_second_however_many_records(double: 
             await asyncio.sleep(0.02)
         await records.written(30)
         took = time.monotonic() - started
-        await mark.close()
         return mark.writes, took
 
     writes, took = asyncio.run(with_client(double, body))
@@ -165,10 +163,8 @@ def test_a_trigger_started_again_goes_on_after_the_marked_lines(double: KubeDoub
         first = ShownLines(api_client, "default", lease, 1)
         await first.claim(log)
         await first.mark(42)
-        await first.close()
         second = ShownLines(api_client, "default", lease, 1)
         claimed = await second.claim(log)
-        await second.close()
         return claimed, first.owner, second.owner
 
     shown, first, second = asyncio.run(with_client(double, body))
@@ -181,8 +177,8 @@ def test_a_trigger_started_again_goes_on_after_the_marked_lines(double: KubeDoub
 
 def test_a_trigger_whose_mark_a_live_trigger_took_over_shows_nothing_more(double: KubeDouble, lease: str) -> None:
     """Two triggerers run the same trigger for a while (Airflow's handover): the one that claimed
-    last, and keeps its Lease alive, shows the lines; the other drops what it has not written,
-    never showing a line twice."""
+    last shows the lines, and counts them; the other drops what the new holder counts, never
+    showing a line twice."""
     written = Written()
 
     async def body(api_client: Any) -> tuple[bool, bool, int]:
@@ -193,19 +189,19 @@ def test_a_trigger_whose_mark_a_live_trigger_took_over_shows_nothing_more(double
         lines[0] = 5
         records.info("[1,0]<stdout>:before the takeover")
         await records.written(5)
-        new = ShownLines(api_client, "default", lease, 1, renew_seconds=0.3)
+        new = ShownLines(api_client, "default", lease, 1)
         await new.claim(log)
         lines[0] = 6
         records.info("[1,0]<stdout>:after the takeover")
+        await asyncio.sleep(0.3)
+        await new.mark(6)  # the new holder shows it
         await records.written(10)
         records.write_now()  # as a cancelled trigger does: still nothing of the new holder's
-        await old.close()
-        await new.close()
         return old.lost, new.lost, new.lines
 
     old_lost, new_lost, new_lines = asyncio.run(with_client(double, body))
     events = [str(entry["event"]) for entry in written.entries]
-    assert old_lost and not new_lost and new_lines == 5
+    assert old_lost and not new_lost and new_lines == 6
     assert "[1,0]<stdout>:before the takeover" in events
     assert "[1,0]<stdout>:after the takeover" not in events
     assert "airflow-mpi: another triggerer shows this job's log from here on" in events
@@ -220,7 +216,6 @@ def test_a_stopped_trigger_writes_and_marks_what_it_read(double: KubeDouble, lea
         records = records_for(lambda: 9, written, hold=60, shown=mark)  # held: the timer never fires here
         records.info("[1,0]<stdout>:held when the triggerer stopped")
         await records.stop(5)
-        await mark.close()
         return mark.lines
 
     lines = asyncio.run(with_client(double, body))
@@ -228,6 +223,30 @@ def test_a_stopped_trigger_writes_and_marks_what_it_read(double: KubeDouble, lea
     assert written.entries == [{"event": "[1,0]<stdout>:held when the triggerer stopped", "logger": build_mark(9)}]
     found = parse_lease_mark(stored(double)).mark
     assert found is not None and (found.lines, found.try_number) == (9, 3)
+
+
+def test_a_trigger_stopped_after_a_takeover_leaves_the_new_holder_its_lines(double: KubeDouble, lease: str) -> None:
+    """Airflow cancels the old trigger once the new one runs: what the old one read and had not
+    written is the new holder's to show (it reads the log from its claimed count)."""
+    written = Written()
+
+    async def body(api_client: Any) -> tuple[bool, int]:
+        old = ShownLines(api_client, "default", lease, 1, write_interval=0.01)
+        await old.claim(log)
+        lines = [3]
+        records = records_for(lambda: lines[0], written, hold=0.01, shown=old)
+        records.info("[1,0]<stdout>:one\n[1,0]<stdout>:two\n[1,0]<stdout>:three")
+        await records.written(5)
+        new = ShownLines(api_client, "default", lease, 1)
+        claimed = await new.claim(log)
+        lines[0] = 4
+        records.info("[1,0]<stdout>:four")
+        await records.stop(5)
+        return old.lost, claimed
+
+    lost, claimed = asyncio.run(with_client(double, body))
+    assert lost and claimed == 3
+    assert shown_lines(written) == ["[1,0]<stdout>:one", "[1,0]<stdout>:two", "[1,0]<stdout>:three"]
 
 
 def test_without_the_lease_the_lines_are_shown_with_one_warning(double: KubeDouble) -> None:
@@ -240,7 +259,6 @@ def test_without_the_lease_the_lines_are_shown_with_one_warning(double: KubeDoub
         records = records_for(lambda: 1, written, hold=0.01, shown=mark)
         records.info("[1,0]<stdout>:still shown")
         await records.written(5)
-        await mark.close()
         return shown, mark.off
 
     shown, off = asyncio.run(with_client(double, body))
@@ -260,7 +278,6 @@ def test_without_update_on_leases_the_lines_are_shown_with_one_warning(double: K
         records = records_for(lambda: 2, written, hold=0.01, shown=mark)
         records.info("[1,0]<stdout>:one\n[1,0]<stdout>:two")
         await records.written(5)
-        await mark.close()
         return mark.off
 
     assert asyncio.run(with_client(double, body))
@@ -299,7 +316,6 @@ def test_a_mark_no_trigger_writes_is_said_once_and_hides_no_line(
             records.info(f"[1,0]<stdout>:line {i}")
             await asyncio.sleep(0.03)
         await records.written(5)
-        await mark.close()
         return claimed
 
     assert asyncio.run(with_client(double, body)) == 0
@@ -309,9 +325,10 @@ def test_a_mark_no_trigger_writes_is_said_once_and_hides_no_line(
     assert found is not None and found.lines == 4  # written back as a trigger writes it
 
 
-def test_a_foreign_holder_written_mid_run_that_never_writes_again_hides_no_line(double: KubeDouble, lease: str) -> None:
+def test_a_foreign_holder_written_mid_run_that_counts_no_line_hides_none(double: KubeDouble, lease: str) -> None:
     """Someone with update on Leases names another holder (a trigger's name, or not): this trigger
-    watches the Lease for its duration; no write comes, so it says so once and shows on."""
+    leaves the lines to it only while it counts them; it does not count a line read a Lease's
+    duration ago, so this one says so once, takes the mark back and shows on."""
     warnings = Warnings()
     written = Written()
 
@@ -324,6 +341,9 @@ def test_a_foreign_holder_written_mid_run_that_never_writes_again_hides_no_line(
             if i == 2:
                 await records.written(5)
                 tamper(double, "2", OTHER)
+            if i == 3:
+                await asyncio.sleep(0.3)
+                tamper(double, "2", OTHER)  # written again, still not counting what the log has
             if i == 4:
                 await records.written(5)
                 tamper(double, "4", "not a trigger")
@@ -331,13 +351,12 @@ def test_a_foreign_holder_written_mid_run_that_never_writes_again_hides_no_line(
             records.info(f"[1,0]<stdout>:line {i}")
             await asyncio.sleep(0.03)
         await records.written(10)
-        await mark.close()
         return mark.lost
 
     assert asyncio.run(with_client(double, body)) is False
     assert shown_lines(written) == [f"[1,0]<stdout>:line {i}" for i in range(6)]
     assert len(warnings.texts) == 2, warnings.texts
-    assert "has not written it in 1 s: no live trigger of this job" in warnings.texts[0]
+    assert "which has not counted lines this trigger read 1 s ago: no live trigger of this job" in warnings.texts[0]
     assert "'not a trigger', which is not an airflow-mpi trigger" in warnings.texts[1]
 
 
@@ -361,8 +380,6 @@ def test_a_claim_that_meets_a_newer_mark_counts_from_it(double: KubeDouble, leas
 
         new._replace = replace_after_the_old_one_marked  # type: ignore[method-assign]
         claimed = await new.claim(log)
-        await old.close()
-        await new.close()
         return claimed, new.lines
 
     shown, lines = asyncio.run(with_client(double, body))
