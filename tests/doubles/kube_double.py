@@ -438,7 +438,9 @@ class KubeDouble:
             return None
         qualified = _resource_key(group, plural)
         what = f'{qualified} "{name}"' if name else qualified
-        details = {"name": name, "group": group, "kind": plural} if name else {"group": group, "kind": plural}
+        details = {"name": name, "kind": plural} if name else {"kind": plural}
+        if group:  # omitted for the core group, as the API server's Status does
+            details["group"] = group
         return ApiError(
             403,
             "Forbidden",
