@@ -15,6 +15,10 @@ configmaps, and the immutability of a pod's spec) and is refused with the same 4
 Status and causes; a body the apiserver cannot decode (a bad quantity, data that is not base64)
 gets its 400 ``BadRequest``.
 
+``coordination.k8s.io/v1`` Leases are served as on every API server (a deferred job's log mark):
+create (409 for a name taken), replace conditional on resourceVersion (409 Conflict), the
+MicroTime, duration and transition checks. RBAC (``deny``, ``grant``) knows API groups.
+
 Custom resources are served under ``/apis/<group>/<version>/namespaces/<ns>/<plural>`` once
 registered (``register_custom``), checked by ``custom_validator`` (a CRD's schema); controllers
 (``gang_controllers``; ``mpijob_controller`` with ``batch_jobs`` and ``kueue_mpijobs``) hear every
