@@ -1,7 +1,8 @@
 """Creating a job's objects on a cluster, for every kind, so that a failure part-way leaves
-nothing: the ``pods`` kind's Service first (the owner of everything else), then our Secret and
-ConfigMap, then the worker pods concurrently (the master once they are ready, or with them for a
-gang); a controller's kind's top object and our Secret and ConfigMap made its dependents. An
+nothing: the ``pods`` kind's Service first (the owner of everything else), then our Secret,
+ConfigMap and the Lease of the live log's mark, then the worker pods concurrently (the master
+once they are ready, or with them for a gang); a controller's kind's top object and our Secret,
+ConfigMap and Lease made its dependents (the Lease after the top object: no pod needs it). An
 earlier attempt of the same try is removed first; a create that fails tears down what it made.
 An object found under the job's name that another job owns (``identity.owned_by``) is never
 deleted: the create fails with ``JobNameTaken``, naming both owners.
@@ -24,7 +25,7 @@ from airflow_mpi.job.identity import RunIdentity, owned_by, render_name_taken
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.gang import POD_GROUP_KINDS
-from airflow_mpi.kinds.manifests import config_map_name, secret_name
+from airflow_mpi.kinds.manifests import LOG_LEASE, config_map_name, log_lease_name, render_log_lease, secret_name
 from airflow_mpi.kinds.strategy import JobKind
 from airflow_mpi.spec import Role
 
@@ -67,6 +68,7 @@ class JobCreation:
             secret, config_map, *rest = manifests[1:]
             self.objects.create(namespace, "secrets", secret)
             self.objects.create(namespace, "configmaps", config_map)
+            self._create_log_lease(plan, namespace, owner)
             if self.kind.starts_master_with_workers(plan):  # a gang: every pod at once
                 self._create_gang(namespace, job, rest)
                 return
@@ -86,7 +88,20 @@ class JobCreation:
                 for plural, name in ours:
                     with contextlib.suppress(Exception):
                         self.objects.delete(namespace, plural, name)
+                with contextlib.suppress(Exception):
+                    self.custom.delete(namespace, LOG_LEASE, log_lease_name(plan.job_name))
             raise
+
+    def _create_log_lease(self, plan: JobPlan, namespace: str, owner: Obj) -> None:
+        """The Lease a deferred job's trigger keeps its shown mark on, owned like the rest; one an
+        earlier attempt left (its owner deleted in the background) is replaced: its count is not
+        this job's."""
+        lease = render_log_lease(plan, namespace, owner)
+        try:
+            self.custom.create(namespace, LOG_LEASE, lease)
+        except AlreadyExists:
+            self.custom.delete(namespace, LOG_LEASE, lease["metadata"]["name"])
+            self.custom.create(namespace, LOG_LEASE, lease)
 
     def _create_pods(self, namespace: str, pods: list[Obj]) -> None:
         if pods:
@@ -150,6 +165,7 @@ class JobCreation:
             for obj in made:
                 obj["metadata"]["ownerReferences"] = [owner]
                 self._replace(namespace, obj)
+            self._create_log_lease(plan, namespace, owner)
         except BaseException as error:
             # A name taken before our top object existed: the top object by this name is another job's.
             if created is not None or not isinstance(error, JobNameTaken):
@@ -158,6 +174,9 @@ class JobCreation:
             for obj in created_ours:  # not owned yet, or the collector is slow: now
                 with contextlib.suppress(Exception):
                     self._delete(namespace, obj)
+            if created is not None:  # made after our top object only
+                with contextlib.suppress(Exception):
+                    self.custom.delete(namespace, LOG_LEASE, log_lease_name(plan.job_name))
             raise
 
     def _create_top(self, namespace: str, manifest: Obj, identity: RunIdentity) -> Obj:

@@ -19,6 +19,7 @@ from airflow_mpi.contract import POD_TERMINATION_GRACE_SECONDS
 from airflow_mpi.exceptions import BackendError
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
+from airflow_mpi.kinds.manifests import LOG_LEASE, log_lease_name
 from airflow_mpi.kinds.strategy import JobKind
 from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
 from airflow_mpi.spec import Gang
@@ -115,7 +116,7 @@ class JobRemoval:
         private key) directly, and say so."""
         _log.warning(
             "the garbage collector did not delete the pods of job %s within %.0f s (is kube-controller-manager "
-            "running?): deleting the job's pods, Secret and ConfigMap directly",
+            "running?): deleting the job's pods, Secret, ConfigMap and Lease directly",
             job_name,
             TEARDOWN_WAIT,
         )
@@ -130,11 +131,15 @@ class JobRemoval:
                 self.objects.delete(namespace, plural, name, since)
             except BackendError as error:
                 failed = failed or error
+        try:
+            self.custom.delete(namespace, LOG_LEASE, log_lease_name(job_name), since=since)
+        except BackendError as error:
+            failed = failed or error
         return failed
 
     def leftovers(self, job: WatchedJob | None, job_name: str, namespace: str) -> list[str]:
         """What of the job still exists, by listing: our Services, Secrets and ConfigMaps (and
-        the pods the watch saw last), then what the kind's controller made. While the top object
+        the pods the watch saw last), our Lease, then what the kind's controller made. While the top object
         is gone, what is left is given ``GC_SETTLE`` seconds: the collector takes it shortly."""
         since = time.monotonic()
         while True:
@@ -152,6 +157,8 @@ class JobRemoval:
             for plural in plurals
             for o in self.objects.list(namespace, plural, selector, since)
         ]
+        if self.custom.get(namespace, LOG_LEASE, log_lease_name(job_name), since) is not None:
+            found.append(f"lease {log_lease_name(job_name)}")
         kind = self.kind
         if not kind.controller_makes_pods():  # our Service, the top object, was among what was listed
             return found, f"service {job_name}" in found

@@ -34,6 +34,15 @@ def config_map_name(job_name: str) -> str:
     return f"{job_name}-config"
 
 
+# A deferred job's shown mark (``observe.shown``): a Lease of its own, not the ConfigMap the pods
+# mount (each write there was a whole ConfigMap, sent to every kubelet running the job's pods).
+LOG_LEASE = ("coordination.k8s.io", "v1", "leases", "Lease")
+
+
+def log_lease_name(job_name: str) -> str:
+    return f"{job_name}-log"
+
+
 def render_manifests(
     plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
 ) -> list[Manifest]:
@@ -59,6 +68,9 @@ def require_image(plan: JobPlan) -> None:
 def render_owner_reference(plan: JobPlan, uid: str) -> Manifest:
     """The headless Service owns every other object: deleting it garbage-collects the job."""
     return {"apiVersion": "v1", "kind": "Service", "name": plan.job_name, "uid": uid, "controller": True}
+
+
+_IDENTITY = (f"{LABEL_PREFIX}/dag-id", f"{LABEL_PREFIX}/task-id", f"{LABEL_PREFIX}/run-id")
 
 
 def _metadata(plan: JobPlan, name: str, namespace: str, owner: Manifest | None, labels: Any = None) -> Manifest:
@@ -117,6 +129,16 @@ def render_config_map(plan: JobPlan, namespace: str, owner: Manifest) -> Manifes
         "metadata": _metadata(plan, config_map_name(plan.job_name), namespace, owner),
         "data": dict(plan.config_files),
     }
+
+
+def render_log_lease(plan: JobPlan, namespace: str, owner: Manifest) -> Manifest:
+    """The Lease that keeps how many of the master's lines a deferred job's task log holds: no
+    holder and no count yet (the first trigger writes both); the job's labels and identity, not
+    the pods' annotations (a ``airflow-mpi.io/`` one there would preset the mark)."""
+    metadata = _metadata(plan, log_lease_name(plan.job_name), namespace, owner)
+    metadata["annotations"] = {key: value for key, value in metadata["annotations"].items() if key in _IDENTITY}
+    group, version, _, kind = LOG_LEASE
+    return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": metadata, "spec": {}}
 
 
 def render_resources(role: RoleSpec) -> Manifest:

@@ -128,7 +128,7 @@ class JobKind:
         return render_owner_reference(plan, uid)
 
     def config_map_name(self, job_name: str) -> str:
-        """The job's own ConfigMap (the launch script, the hostfile; the live log's shown mark)."""
+        """The job's own ConfigMap (the launch script, the hostfile)."""
         return config_map_name(job_name)
 
     def permissions(self, spec: MPIJobSpec) -> tuple[Permission, ...]:

@@ -13,7 +13,7 @@ here), and the jobs beside it keep their pace.
 Exactly once across triggerers: every record a trigger writes names the number of master lines
 read so far in its source (``logger``: ``airflow_mpi.master:<n>``; the Airflow UI shows sources
 only when asked to), and goes out once the job's shown mark counts them (``logshown``, on the
-job's ConfigMap), so a trigger started again by any triggerer goes on after them.
+job's Lease), so a trigger started again by any triggerer goes on after them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_status, explain, is_refusal
 from airflow_mpi.observe.cursor import LogCursor, TimestampedLogSplitter, followed_log_call
-from airflow_mpi.observe.lines import RankLineSplitter
+from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
 from airflow_mpi.observe.master_output import MasterOutput
 from airflow_mpi.observe.progress import Hang
 from airflow_mpi.triggers.api_client import raise_for_status
@@ -114,6 +114,37 @@ MASTER_LOGGER = "airflow_mpi.master"  # the source of the records of the master'
 def build_mark(lines: int) -> str:
     """The source (``logger``) of a record: the master's log, read through its ``lines``-th line."""
     return f"{MASTER_LOGGER}:{lines}"
+
+
+async def count_log_lines(api_client: Any, namespace: str, pod: str, at_most: int, timeout: float) -> int:
+    """Whole lines the master's log holds now, counted as the follow counts them, reading no
+    further than ``at_most`` of them (a shown mark is checked against what the log can have
+    shown: one that counts more is not believed). A pod with no log yet holds none."""
+    path, arguments = followed_log_call(namespace, pod, None)
+    arguments["query_params"] = [(k, "false" if k == "follow" else v) for k, v in arguments["query_params"]]
+    lines = RankLineSplitter()
+    stream = TimestampedLogSplitter(LogCursor(), lines)
+    count = 0
+    async with asyncio.timeout(timeout):
+        try:
+            response = await _get_log(api_client, path, arguments, timeout)
+        except Exception as error:
+            if api_status(error) in (400, 404):
+                return 0  # no such pod, or its container has not started: no log
+            raise
+        async with response:
+            while count < at_most:
+                chunk = await response.content.read(CHUNK_BYTES)
+                if not chunk:
+                    break
+                count += sum(1 for line in stream.feed(chunk) if not isinstance(line, PartialLine))
+    return count
+
+
+async def _get_log(api_client: Any, path: str, arguments: dict[str, Any], timeout: float) -> Any:
+    response = await api_client.call_api(path, "GET", **arguments, _request_timeout=(CONNECT_TIMEOUT, timeout))
+    await raise_for_status(response)
+    return response
 
 
 class MasterLogFollower:

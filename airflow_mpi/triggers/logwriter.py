@@ -13,13 +13,16 @@ its records are all written: the resumed task counts them as shown.
 
 Each record names how far the master's log has been read through its last line
 (``logfollow.build_mark``). With the job's shown mark (``logshown``), a record goes out only once
-the mark counts its lines: a trigger that another triggerer starts again goes on after them.
+the mark counts its lines: a trigger that another triggerer starts again goes on after them. The
+mark is written at most once a second: the records that came meanwhile wait, and one write
+counts them all (a job printing 20 lines a second: 1 write a second, not 4).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,7 +48,9 @@ class MasterRecords:
         self.lines_read = lines_read
         self.hold = hold
         self.shown = shown  # None: records go out at once (no mark to keep)
-        self._outbox: deque[tuple[Callable[..., Any], str, int]] = deque()  # waiting for their mark
+        # Waiting for their mark: (write, text, lines read through it, when it was read).
+        self._outbox: deque[tuple[Callable[..., Any], str, int, float]] = deque()
+        self._gave_way = False  # said that another trigger shows the log
         self._shipping: asyncio.Task[None] | None = None
         self.logger = structlog.get_logger(logger_name=MASTER_LOGGER)
         self._held: list[str] = []
@@ -104,7 +109,7 @@ class MasterRecords:
         try:
             if self.shown is not None and self._outbox and not self.shown.lost:
                 async with asyncio.timeout(timeout):
-                    await self.shown.mark(self._outbox[-1][2])
+                    await self.shown.mark(self._outbox[-1][2], read_at=self._outbox[0][3], stopping=True)
         finally:
             self.write_now()
 
@@ -116,8 +121,8 @@ class MasterRecords:
             self._shipping.cancel()
             self._shipping = None
         outbox, self._outbox = self._outbox, deque()
-        if self.shown is None or not self.shown.lost:
-            for call, text, mark in outbox:
+        if self.shown is None or not self.shown.lost:  # else the mark's holder shows them
+            for call, text, mark, _ in outbox:
                 self._send(call, text, mark)
         self._channel().write_now(self)
 
@@ -125,22 +130,30 @@ class MasterRecords:
         if self.shown is None:
             self._send(call, text, mark)
             return
-        self._outbox.append((call, text, mark))
+        self._outbox.append((call, text, mark, time.monotonic()))
         if self._shipping is None:
             self._shipping = asyncio.get_running_loop().create_task(self._ship())
 
     async def _ship(self) -> None:
-        """The outbox in order: each record once the mark counts its lines."""
-        assert self.shown is not None
+        """The outbox in order: once a write is due, one mark counting every record waiting,
+        then those records. While another trigger holds the mark, the records it counts are its
+        to show: dropped; the others wait until it counts them too, or the mark is taken back."""
+        shown = self.shown
+        assert shown is not None
         try:
             while self._outbox:
-                call, text, mark = self._outbox[0]
-                if not await self.shown.mark(mark):
-                    self._outbox.clear()  # another trigger shows this log now
+                await shown.pace()
+                counted = self._outbox[-1][2]
+                if await shown.mark(counted, read_at=self._outbox[0][3]):
+                    while self._outbox and self._outbox[0][2] <= counted:
+                        call, text, mark, _ = self._outbox.popleft()
+                        self._send(call, text, mark)
+                    continue
+                while self._outbox and shown.holder_counts(self._outbox[0][2]):
+                    self._outbox.popleft()
+                if not self._gave_way:
+                    self._gave_way = True
                     self.logger.info("airflow-mpi: another triggerer shows this job's log from here on")
-                    break
-                self._outbox.popleft()
-                self._send(call, text, mark)
         finally:
             self._shipping = None
 

@@ -39,6 +39,7 @@ from airflow_mpi.backends.k8s_errors import (
 )
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome, WaitContract
 from airflow_mpi.job.naming import job_selector
+from airflow_mpi.kinds.manifests import log_lease_name
 from airflow_mpi.kinds.strategy import job_kind
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
 from airflow_mpi.observe.output import TAIL_LINES
@@ -194,9 +195,12 @@ class MPIJobTrigger(BaseTrigger):
 
         assert self.contract.master_log is not None
         view = OutputPlan.from_dict(self.contract.master_log)
-        config_map = self.kind.config_map_name(self.job_name)
         mark = ShownLines(
-            api_client, self.namespace, config_map, self.contract.try_number, timeout=self.contract.api_timeout
+            api_client,
+            self.namespace,
+            log_lease_name(self.job_name),
+            self.contract.try_number,
+            timeout=self.contract.api_timeout,
         )
         records = self._records = MasterRecords(lambda: output.lines_read, shown=mark)
         output = MasterOutput(view, records.info, records.warning, skip_lines=self.contract.skip_lines)
@@ -243,9 +247,32 @@ class MPIJobTrigger(BaseTrigger):
 
     async def _claim_then_follow(self, mark: Any, follower: Any) -> None:
         """Take the job's mark over (beside the pod watch: an API that does not answer is the
-        watch's to bound), then follow the log after the lines the mark counts."""
+        watch's to bound), then follow the log after the lines the mark counts. A count beyond
+        the operator's is checked against the log: more lines than it holds is no trigger's
+        count, and the log is shown from the operator's."""
+        from airflow_mpi.triggers.logfollow import count_log_lines
+
+        given = follower.output.skip_lines
         shown = await mark.claim(self.log)
-        if shown > follower.output.skip_lines:
+        if shown > given:
+            pod = follower.pod()
+            while pod is None and not self._master_ended_set():
+                await asyncio.sleep(0.2)
+                pod = follower.pod()
+            held, why = 0, ""
+            if pod is not None:
+                try:
+                    held = await count_log_lines(
+                        follower.api_client, self.namespace, pod, shown, self.contract.api_timeout
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # never believed unchecked: a line twice, never one hidden
+                    why = f" (it could not be read: {type(error).__name__})"
+            if held < shown:
+                mark.distrust(f"it counts {shown} line(s), but the master's log holds {held}{why}", given)
+                shown = given
+        if shown > given:
             follower.output.skip_lines = shown
             self.log.info(
                 "airflow-mpi: the job's mark says %d line(s) of %s are shown: going on after them",
@@ -348,6 +375,9 @@ class MPIJobTrigger(BaseTrigger):
         return events.startup_timeout(
             summarize_not_ready(probes, float(self.contract.startup_timeout or 0), self.contract.ssh_port)
         )
+
+    def _master_ended_set(self) -> bool:
+        return self._master_ended is not None and self._master_ended.is_set()
 
     def _master_pod_now(self) -> str | None:
         return self.kind.master_pod_now(self._watch_loop.table, self.contract.master_pod)

@@ -79,7 +79,10 @@ def job_objects(api: KubeApi, namespace: str) -> list[str]:
     return found
 
 
-CORE_LEFT = tuple(f"/api/v1/namespaces/{{ns}}/{plural}" for plural in JOB_KINDS)
+CORE_LEFT = (
+    *(f"/api/v1/namespaces/{{ns}}/{plural}" for plural in JOB_KINDS),
+    "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",  # the deferred log's mark
+)
 # A rank that trains until it is stopped, saying so first (when to evict or time out).
 TRAINS_FOREVER = "import time\nprint('training', flush=True)\ntime.sleep(600)\n"
 

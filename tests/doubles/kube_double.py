@@ -15,6 +15,10 @@ configmaps, and the immutability of a pod's spec) and is refused with the same 4
 Status and causes; a body the apiserver cannot decode (a bad quantity, data that is not base64)
 gets its 400 ``BadRequest``.
 
+``coordination.k8s.io/v1`` Leases are served as on every API server (a deferred job's log mark):
+create (409 for a name taken), replace conditional on resourceVersion (409 Conflict), the
+MicroTime, duration and transition checks. RBAC (``deny``, ``grant``) knows API groups.
+
 Custom resources are served under ``/apis/<group>/<version>/namespaces/<ns>/<plural>`` once
 registered (``register_custom``), checked by ``custom_validator`` (a CRD's schema); controllers
 (``gang_controllers``; ``mpijob_controller`` with ``batch_jobs`` and ``kueue_mpijobs``) hear every
@@ -70,8 +74,11 @@ from tests.doubles.apivalidation import (
     validate_object,
 )
 
+LEASE_RESOURCE = ("coordination.k8s.io", "v1", "leases", "Lease")
+LEASES = "leases.coordination.k8s.io"  # the store's key
 HISTORY = 20_000  # watch events kept; older resourceVersions get 410 Gone
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")  # what a new cluster has
+MICRO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})")  # RFC 3339
 USER = "system:serviceaccount:airflow:airflow-worker"  # who asks, in the double's 403 messages
 # The API groups besides the core one that the product's Roles name (the rules review, with only
 # ``deny`` in force, grants them whole).
@@ -229,7 +236,6 @@ class KubeDouble:
         self.credentials_expired = False
         self._denied: set[tuple[str, str]] = set()  # (verb, resource) the Role lacks
         self._granted: set[tuple[str, str]] | None = None  # with a Role: only what it grants
-        self._granted_other: list[Obj] = []  # a Role's rules for other API groups (reported only)
         self.metadata_lists: list[str] = []  # plurals listed with metadata only, in order
         self._answering = threading.Event()  # cleared: requests are held, streams go silent
         self._answering.set()
@@ -263,6 +269,8 @@ class KubeDouble:
         # whose PUT keeps the stored status (``mpijob_controller``, ``batch_jobs``).
         self.custom_defaulters: dict[str, Callable[[Obj], None]] = {}
         self.status_subresources: set[str] = set()
+        # Built in, as on every API server: coordination.k8s.io/v1 Leases (a job's live-log mark).
+        self.register_custom(*LEASE_RESOURCE)
 
     # --- server ---------------------------------------------------------------------------
 
@@ -340,8 +348,9 @@ class KubeDouble:
             self._faults.append(_Fault(method, re.compile(path) if path else None, status, count, skip, retry_after))
 
     def deny(self, verb: str, resource: str) -> None:
-        """RBAC without ``verb`` on ``resource`` (``pods``, ``pods/log``, ``services`` ...): 403,
-        with the message and details a real API server sends."""
+        """RBAC without ``verb`` on ``resource`` (``pods``, ``pods/log``, ``services`` ...; of
+        another API group ``<plural>.<group>``: ``leases.coordination.k8s.io``): 403, with the
+        message and details a real API server sends."""
         with self._lock:
             self._denied.add((verb, resource))
 
@@ -349,15 +358,14 @@ class KubeDouble:
         """RBAC by a Role's ``rules``: any other verb or resource of the core API group is 403;
         the rules of other groups are only reported by the rules review."""
         granted = {
-            (verb, resource)
+            (verb, _resource_key(group, resource))
             for rule in rules
-            if "" in rule.get("apiGroups", [""])
+            for group in rule.get("apiGroups", [""])
             for verb in rule.get("verbs", [])
             for resource in rule.get("resources", [])
         }
-        others = [dict(rule) for rule in rules if "" not in rule.get("apiGroups", [""])]
         with self._lock:
-            self._granted, self._granted_other = granted, others
+            self._granted = granted
 
     # As an API server with a webhook authorizer answers: its rules review is incomplete, so a
     # client cannot tell what it may do before it asks (each request's 403 says).
@@ -369,19 +377,21 @@ class KubeDouble:
             granted, denied = self._granted, set(self._denied)
         if granted is None and not denied:
             return [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
-        others = self._granted_other
+        others: list[Obj] = []  # a Role's rules of every group are in ``granted``
         if granted is None:
-            resources = [*KINDS, "pods/log"]
+            resources = [*KINDS, "pods/log", *self.custom_kinds]
             verbs = ("create", "get", "list", "watch", "delete", "deletecollection", "update", "patch")
             granted = {(verb, resource) for verb in verbs for resource in resources}
-            others = [{"apiGroups": list(OTHER_GROUPS), "resources": ["*"], "verbs": ["*"]}]
-        return [
-            *(
-                {"apiGroups": [""], "resources": [resource], "verbs": [verb]}
-                for verb, resource in sorted(granted - denied)
-            ),
-            *others,
-        ]
+            # Only ``deny`` in force: the other groups the Roles name are granted whole, but for a
+            # group with a denied verb, whose resources' remaining verbs are listed one by one.
+            denied_groups = {key.partition(".")[2] for _, key in denied}
+            groups = [group for group in OTHER_GROUPS if group not in denied_groups]
+            others = [{"apiGroups": groups, "resources": ["*"], "verbs": ["*"]}] if groups else []
+        rules = []
+        for verb, key in sorted(granted - denied):
+            resource, _, group = key.partition(".")
+            rules.append({"apiGroups": [group], "resources": [resource], "verbs": [verb]})
+        return [*rules, *others]
 
     def expire_credentials(self, expired: bool = True) -> None:
         """Every request is 401 Unauthorized (a revoked or expired token), until called with False."""
@@ -428,23 +438,36 @@ class KubeDouble:
         if self.credentials_expired:
             return ApiError(401, "Unauthorized", "Unauthorized")
         match = _Handler.ROUTE.match(path)
-        if not match or (not self._denied and self._granted is None):
+        custom = _Handler.CUSTOM_ROUTE.match(path)
+        if not (match or custom) or (not self._denied and self._granted is None):
             return None
-        namespace, plural, name = match["ns"], match["plural"], match["name"] or ""
-        resource = f"{plural}/log" if match["log"] else plural
+        group = ""
+        if match:
+            namespace, plural, name = match["ns"], match["plural"], match["name"] or ""
+            resource = f"{plural}/log" if match["log"] else plural
+        else:
+            assert custom is not None
+            namespace, plural, name, group = custom["ns"], custom["plural"], custom["name"] or "", custom["group"]
+            resource = plural
         if method == "GET":
             verb = "get" if name else ("watch" if _flag(query, "watch") else "list")
         else:
-            verb = {"POST": "create", "DELETE": "delete" if name else "deletecollection"}.get(method, method.lower())
-        allowed = self._granted is None or (verb, resource) in self._granted
-        if allowed and (verb, resource) not in self._denied:
+            verb = {"POST": "create", "PUT": "update", "DELETE": "delete" if name else "deletecollection"}.get(
+                method, method.lower()
+            )
+        key = _resource_key(group, resource)
+        allowed = self._granted is None or (verb, key) in self._granted
+        if allowed and (verb, key) not in self._denied:
             return None
-        what = f'{plural} "{name}"' if name else plural
+        qualified = _resource_key(group, plural)
+        what = f'{qualified} "{name}"' if name else qualified
         details = {"name": name, "kind": plural} if name else {"kind": plural}
+        if group:  # omitted for the core group, as the API server's Status does
+            details["group"] = group
         return ApiError(
             403,
             "Forbidden",
-            f'{what} is forbidden: User "{self.user}" cannot {verb} resource "{resource}" in API group "" '
+            f'{what} is forbidden: User "{self.user}" cannot {verb} resource "{resource}" in API group "{group}" '
             f'in the namespace "{namespace}"',
             details,
         )
@@ -650,11 +673,40 @@ class KubeDouble:
         api_version, kind = self.custom_kinds[plural]
         if (body.get("apiVersion"), body.get("kind")) != (api_version, kind):
             raise ApiError(400, "BadRequest", f"the object is not a {api_version} {kind}")
+        if plural == LEASES:
+            self._validate_lease(name, body)
+            return
         errors = self.custom_validator(body) if self.custom_validator is not None else []
         if errors:
             raise ApiError(
                 422, "Invalid", f'{kind}.{api_version.split("/")[0]} "{name}" is invalid: ' + "; ".join(errors)
             )
+
+    @staticmethod
+    def _validate_lease(name: str, body: Obj) -> None:
+        """A Lease as the apiserver checks it: its times decode as MicroTime (else 400), its
+        duration is positive and its transitions not negative (else 422); annotations as on any
+        object."""
+        spec = body.get("spec") or {}
+        for field_name in ("acquireTime", "renewTime"):
+            value = spec.get(field_name)
+            if value is not None and not (isinstance(value, str) and MICRO_TIME.fullmatch(value)):
+                raise ApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: {field_name}')
+        causes = []
+        holder = spec.get("holderIdentity")
+        if holder is not None and not isinstance(holder, str):
+            raise ApiError(400, "BadRequest", 'Lease in version "v1" cannot be handled as a Lease: holderIdentity')
+        duration = spec.get("leaseDurationSeconds")
+        if duration is not None and (not isinstance(duration, int) or duration <= 0):
+            causes.append(f"spec.leaseDurationSeconds: Invalid value: {duration}: must be greater than 0")
+        transitions = spec.get("leaseTransitions")
+        if transitions is not None and (not isinstance(transitions, int) or transitions < 0):
+            causes.append(f"spec.leaseTransitions: Invalid value: {transitions}: must be greater than or equal to 0")
+        for key, value in (body.get("metadata", {}).get("annotations") or {}).items():
+            if not isinstance(value, str):
+                raise ApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: {key}')
+        if causes:
+            raise ApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: ' + ", ".join(causes))
 
     @staticmethod
     def _validate(plural: str, name: str, body: Obj, old: Obj | None = None) -> None:
@@ -899,6 +951,11 @@ def generate_name(prefix: str) -> str:
     """``generateName`` as the apiserver expands it: the prefix cut to 58, five random characters."""
     suffix = "".join(GENERATED_NAME_CHARS[b % len(GENERATED_NAME_CHARS)] for b in uuid.uuid4().bytes[:5])
     return prefix[:58] + suffix
+
+
+def _resource_key(group: str, resource: str) -> str:
+    """A resource as the double's RBAC and store name it: ``pods``; ``leases.coordination.k8s.io``."""
+    return f"{resource}.{group}" if group else resource
 
 
 def _flag(query: dict[str, str], name: str) -> bool:

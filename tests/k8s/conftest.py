@@ -17,7 +17,7 @@ from kubernetes import client
 from airflow_mpi.backends.kubernetes import KubernetesBackend, configure_client
 from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
 
-JOB_KINDS = ("pods", "services", "secrets", "configmaps")
+JOB_KINDS = ("pods", "services", "secrets", "configmaps", "leases.coordination.k8s.io")
 STATE_ROOT = Path("/run/airflow-mpi-tests")
 
 

@@ -159,7 +159,7 @@ def test_teardown_gives_up_and_says_what_it_left(double: KubeDouble, scripts: Sc
     assert notes.startswith(f"teardown of MPI job {plan.job_name} left: job {plan.job_name} (could not be deleted: ")
     assert "did not answer for 2 s (connection refused)" in notes
     assert f"then delete the Service {plan.job_name} in namespace default (kubectl delete service" in notes
-    assert len(job_objects(double, plan.job_name)) == 5  # honestly left: the API never came back
+    assert len(job_objects(double, plan.job_name)) == 6  # honestly left: the API never came back
     double.accept_connections()
     cleanup = backend_for(double, api_timeout=5)
     cleanup.teardown(plan.job_name)

@@ -207,11 +207,11 @@ def test_delete_waits_until_nothing_of_the_job_is_left(
     running = PodScript(lines=lambda: iter(["[1,0]<stdout>:epoch 1"]))
     plan, other = leave_job(backend, scripts, "doomed", running), leave_job(backend, scripts, "other", running)
     cleanup.append(other)
-    assert len(job_objects(double, plan.job_name)) == 6
+    assert len(job_objects(double, plan.job_name)) == 7
     code, out, _ = cli("delete", plan.job_name)
     assert (code, out) == (0, f"deleted job {plan.job_name} in namespace default (nothing of it is left)\n")
     assert job_objects(double, plan.job_name) == []  # at once: the command waited
-    assert len(job_objects(double, other.job_name)) == 6  # and touched no other job
+    assert len(job_objects(double, other.job_name)) == 7  # and touched no other job
 
 
 def test_gc_dry_run_says_what_and_why_and_deletes_nothing_then_yes_deletes(

@@ -19,7 +19,7 @@ import pytest
 from airflow_mpi.job.plan import JobPlan
 from tests.airflow_helpers import task_states
 from tests.doubles.gang_controllers import GangControllers
-from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.kube_double import LEASES, KubeDouble, PodScript, ScriptedKubelet
 from tests.doubles.kueue_mpijobs import KueueMPIJobs
 from tests.doubles.mpijob_controller import MPIJobController
 from tests.k8s.conftest import install_connections
@@ -117,5 +117,5 @@ def test_every_failure_ends_a_deferred_task_as_it_ends_a_waiting_one_on_every_ki
         waiting, deferred = errors[task_id], errors[task_id.replace("_waiting", "_deferred")]
         assert NAMES[case] in waiting, (task_id, waiting)
         assert same_shape(deferred) == same_shape(waiting), (task_id, waiting, deferred)
-    assert [f"{p}/{o['metadata']['name']}" for p in ("pods", "services", "secrets", "configmaps")
+    assert [f"{p}/{o['metadata']['name']}" for p in ("pods", "services", "secrets", "configmaps", LEASES)
             for o in kube.list_objects(p, "default")] == []  # fmt: skip

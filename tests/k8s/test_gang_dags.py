@@ -12,7 +12,7 @@ import pytest
 
 from tests.airflow_helpers import task_states, xcom
 from tests.doubles.gang_controllers import GangControllers
-from tests.doubles.kube_double import KubeDouble, ScriptedKubelet
+from tests.doubles.kube_double import LEASES, KubeDouble, ScriptedKubelet
 from tests.k8s.conftest import Scripts, install_connections
 from tests.k8s.test_gang import CUSTOM_PLURALS, _crd_validator
 
@@ -40,5 +40,5 @@ def test_gang_jobs_succeed_waiting_and_deferred(dagbag: Any, gang_cluster: tuple
         result = xcom(dag_run, task_id)
         assert result["exit_code"] == 0 and result["lines"] >= 1, (task_id, result)
     assert len([line for line in controllers.log if line.startswith("admitted")]) == 8
-    for plural in ("pods", "services", "secrets", "configmaps", *CUSTOM_PLURALS, "workloads.kueue.x-k8s.io"):
+    for plural in ("pods", "services", "secrets", "configmaps", LEASES, *CUSTOM_PLURALS, "workloads.kueue.x-k8s.io"):
         assert kube.list_objects(plural, "default") == [], plural

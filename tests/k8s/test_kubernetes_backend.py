@@ -17,7 +17,7 @@ from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.runner.job import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
-from tests.doubles.kube_double import KubeDouble, PodScript
+from tests.doubles.kube_double import LEASES, KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects, unique
 
 
@@ -43,7 +43,7 @@ def run(backend: KubernetesBackend, plan: JobPlan, log: Log | None = None) -> Jo
 
 
 @pytest.mark.parametrize("map_index", [-1, 5], ids=["unmapped", "mapped"])
-def test_happy_path_costs_n_plus_11_requests(
+def test_happy_path_costs_n_plus_13_requests(
     backend: KubernetesBackend, double: KubeDouble, scripts: Scripts, map_index: int
 ) -> None:
     scripts.on(
@@ -52,7 +52,9 @@ def test_happy_path_costs_n_plus_11_requests(
     plan = make_plan(workers=3, identity=RunIdentity("kdag", "train", unique("run"), map_index))
     result = run(backend, plan)
     assert result.result == {"loss": 0.1} and result.np == 4
-    assert len(double.requests) == 3 + 11, double.requests
+    # 13: besides the pods, the check, the objects, one watch and the teardown, the log mark's
+    # Lease: created with the job, and asked for among the leftovers.
+    assert len(double.requests) == 3 + 13, double.requests
     assert double.request_count("GET", "watch=True") == 1  # one watch, no polling
     # One permission check (the first request: before anything is created), once per namespace.
     assert double.requests[0] == ("POST", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews")
@@ -85,7 +87,7 @@ def test_a_retry_finds_the_earlier_try_and_no_other_task_instances_job(
 def test_every_manifest_sent_passes_strict_schema(backend: KubernetesBackend, double: KubeDouble, version: str) -> None:
     run(backend, make_plan(workers=2, pod={"shm_size": "1Gi", "tolerations": [{"key": "gpu", "operator": "Exists"}]}))
     bodies = [b for b in double.created if b.get("kind") != "Event"]
-    assert [b["kind"] for b in bodies] == ["Service", "Secret", "ConfigMap", "Pod", "Pod", "Pod"]
+    assert [b["kind"] for b in bodies] == ["Service", "Secret", "ConfigMap", "Lease", "Pod", "Pod", "Pod"]
     for body in bodies:
         kubernetes_validate.validate(body, version, strict=True)
 
@@ -101,7 +103,7 @@ def test_owner_is_the_service(backend: KubernetesBackend, double: KubeDouble, sc
         seen.update(
             {
                 f"{p}/{o['metadata']['name']}": o
-                for p in ("pods", "secrets", "configmaps")
+                for p in ("pods", "secrets", "configmaps", LEASES)
                 for o in double.list_objects(p, "default")
             }
         )
@@ -111,6 +113,7 @@ def test_owner_is_the_service(backend: KubernetesBackend, double: KubeDouble, sc
     run(backend, plan)
     uid = seen.pop("service")["metadata"]["uid"]
     assert seen and all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in seen.values())
+    assert f"{LEASES}/{plan.job_name}-log" in seen
 
 
 def test_image_pull_error_fails_fast_with_the_pods_reason(
@@ -252,8 +255,8 @@ def test_api_500_on_create_is_retried(backend: KubernetesBackend, double: KubeDo
     plan = make_plan(workers=2)
     result = run(backend, plan)
     assert result.exit_code == 0
-    # The permission check, Service (+1 retry), Secret, ConfigMap, 2 workers + master (+2 retries)
-    assert double.request_count("POST") == 1 + 2 + 1 + 1 + 3 + 2
+    # The permission check, Service (+1 retry), Secret, ConfigMap, Lease, 2 workers + master (+2 retries)
+    assert double.request_count("POST") == 1 + 2 + 1 + 1 + 1 + 3 + 2
     assert job_objects(double, plan.job_name) == []
 
 

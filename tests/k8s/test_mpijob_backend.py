@@ -21,14 +21,14 @@ from airflow_mpi.kinds.mpijob import MPIJOB
 from airflow_mpi.runner.job import JobResult, JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.airflow_helpers import task_states, xcom
-from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.kube_double import LEASES, KubeDouble, PodScript, ScriptedKubelet
 from tests.doubles.mpijob_controller import MPIJobController
 from tests.k8s.conftest import Scripts, api_client_for, install_connections, unique
 from tests.k8s.test_gang import _crd_validator
 
 NS = "default"
 # Every kind an MPIJob makes: ours, the controller's, the launcher Job.
-LEFT_KINDS = ("pods", "services", "secrets", "configmaps", "jobs.batch", "mpijobs.kubeflow.org")
+LEFT_KINDS = ("pods", "services", "secrets", "configmaps", LEASES, "jobs.batch", "mpijobs.kubeflow.org")
 LAUNCHER = "-launcher-"
 
 

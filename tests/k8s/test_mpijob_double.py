@@ -18,14 +18,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.doubles.crd_schema import crd_dir, crd_errors
-from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
+from tests.doubles.kube_double import LEASES, KubeDouble, PodScript, ScriptedKubelet
 from tests.doubles.mpijob_controller import MPIJobController
 from tests.k8s.conftest import Scripts, api_client_for
 from tests.k8s.test_gang import _crd_validator
 
 NS = "default"
 MPIJOBS = "mpijobs.kubeflow.org"
-LEFT_KINDS = ("pods", "services", "secrets", "configmaps", "jobs.batch", "podgroups.scheduling.volcano.sh")
+LEFT_KINDS = ("pods", "services", "secrets", "configmaps", LEASES, "jobs.batch", "podgroups.scheduling.volcano.sh")
 
 
 class Cluster:

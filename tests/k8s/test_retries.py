@@ -122,7 +122,7 @@ def test_crash_then_retry_reattaches_and_goes_on_where_the_log_stopped(
 
     first_try_dies(double, run_id, store, until=lambda: progress() >= 15, map_index=map_index)
     first_shown = progress()
-    assert len(job_objects(double)) == 6  # the job lives on without its operator
+    assert len(job_objects(double)) == 7  # the job lives on without its operator (its Lease too)
     labels = double.list_objects("services", "default")[0]["metadata"]["labels"]
     assert labels.get("airflow-mpi.io/map-index") == (str(map_index) if map_index >= 0 else None)
     result, shown = second_try(run_id, store, capfd, map_index)
