@@ -347,6 +347,11 @@ class KubeDouble:
         with self._lock:
             self._faults.append(_Fault(method, re.compile(path) if path else None, status, count, skip, retry_after))
 
+    def stop_failing(self) -> None:
+        """Drop every fault ``fail_requests`` still holds: requests are answered as usual again."""
+        with self._lock:
+            self._faults.clear()
+
     def deny(self, verb: str, resource: str) -> None:
         """RBAC without ``verb`` on ``resource`` (``pods``, ``pods/log``, ``services`` ...; of
         another API group ``<plural>.<group>``: ``leases.coordination.k8s.io``): 403, with the
