@@ -19,9 +19,11 @@ readiness and for the end in triggers, holding no worker slot.
 
 from __future__ import annotations
 
+import configparser
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -386,6 +388,27 @@ def run_identity(context: Context) -> RunIdentity:
     )
 
 
+def configured_secret(config: Any, section: str, key: str) -> str | None:
+    """A secret as the deployment configures it: its environment variable (or ``_CMD``/``_SECRET``
+    form, through Airflow), else the config file as it is on disk now. Never a value a process
+    generated for itself: a process that loaded its configuration before the file was written
+    holds a random one in memory, and a retry in another process would not find its job."""
+    variable = f"AIRFLOW__{section.upper()}__{key.upper()}"
+    if os.environ.get(variable):
+        return os.environ[variable]
+    if os.environ.get(f"{variable}_CMD") or os.environ.get(f"{variable}_SECRET"):
+        value = config.get(section, key, fallback=None)
+        return None if value is None else str(value)
+    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    path = os.environ.get("AIRFLOW_CONFIG") or os.path.join(home, "airflow.cfg")
+    parser = configparser.RawConfigParser(strict=False)
+    try:
+        parser.read(path, encoding="utf-8")
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return None
+    return parser.get(section, key, fallback=None)
+
+
 def deployment_identity() -> str:
     """This Airflow deployment's id in its jobs' names and labels: ``[mpi] deployment`` when set,
     else a one-way hash of ``[api_auth] jwt_secret``, else of ``[core] fernet_key`` (values every
@@ -393,7 +416,7 @@ def deployment_identity() -> str:
     unset one as its template, which counts as unset). "" where none is set: warned about once."""
     config = conf()
     explicit = config.get("mpi", "deployment", fallback=None)
-    shared = [config.get("api_auth", "jwt_secret", fallback=None), config.get("core", "fernet_key", fallback=None)]
+    shared = [configured_secret(config, "api_auth", "jwt_secret"), configured_secret(config, "core", "fernet_key")]
     try:
         deployment = build_deployment_id(explicit, shared)
     except ValueError as error:

@@ -155,7 +155,7 @@ class MPIJobTrigger(BaseTrigger):
         async with shared_api_client(self.contract.kubernetes_conn_id) as api_client:
             refused = await self._refused_permissions(api_client)
             if refused is not None:
-                yield self._fire(events.api_refused(refused))
+                yield self._fire(refused)
                 return
             if self.contract.master_log is not None and self.contract.wait_for == WAIT_FINISHED:
                 try:
@@ -172,19 +172,27 @@ class MPIJobTrigger(BaseTrigger):
                 outcome = await self._wait(CoreV1Api(api_client), api_client)
         yield self._fire(outcome)
 
-    async def _refused_permissions(self, api_client: Any) -> str | None:
+    async def _refused_permissions(self, api_client: Any) -> Outcome | None:
         """What the triggerer's credentials lack of its Role for this job, checked once before
-        it follows the job (``triggers.rules_review``); None: nothing, or the server cannot tell."""
+        it follows the job (``triggers.rules_review``): ``api_refused`` naming it; ``api_unreachable``
+        when the API stayed silent for the whole ``api_timeout`` (the wait would only start its
+        own clock again); None: nothing missing, the server cannot tell, or the deadline is first."""
         from airflow_mpi.triggers.rules_review import refused_permissions
 
         needed = self.kind.trigger_permissions(self.contract.custom_objects)
-        # Bounded by the deadline too: an API that does not answer is the wait's to judge.
+        # Bounded by the deadline too: a deadline that comes first is the wait's to fire.
         limit = max(0.0, min(self.contract.api_timeout, self.deadline - time.time()))
+        since = time.monotonic()
         try:
             async with asyncio.timeout(limit):
-                return await refused_permissions(api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1))
+                refused = await refused_permissions(api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1))
         except TimeoutError:
-            return None
+            if limit < self.contract.api_timeout:
+                return None
+            silence = ApiSilence(str(api_client.configuration.host), self.contract.api_timeout)
+            silence.last_answer = since
+            return events.api_unreachable(str(silence.error(since)))
+        return None if refused is None else events.api_refused(refused)
 
     async def _wait_following(self, core: Any, api_client: Any) -> Outcome:
         """The pod watch and the master's log follow side by side. The job's end fires once the

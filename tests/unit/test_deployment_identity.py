@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,15 @@ def test_the_run_identity_carries_the_deployment(unset: pytest.MonkeyPatch) -> N
     ti = SimpleNamespace(dag_id="d", task_id="t", run_id="r", map_index=None, try_number=2)
     identity = run_identity({"ti": ti})  # type: ignore[typeddict-item]
     assert (identity.deployment, identity.map_index, identity.try_number) == ("production", -1, 2)
+
+
+def test_the_config_file_on_disk_decides_not_a_value_held_in_memory(unset: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A process that read its configuration before airflow.cfg existed holds a generated secret
+    (or none) in memory; the file is what every process of the deployment reads alike."""
+    unset.setenv("AIRFLOW_HOME", str(tmp_path))
+    unset.delenv("AIRFLOW_CONFIG", raising=False)
+    assert deployment_identity() == ""  # no file yet, nothing in the environment
+    (tmp_path / "airflow.cfg").write_text("[api_auth]\njwt_secret = written-once-0123456789\n")
+    from_file = deployment_identity()
+    unset.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "written-once-0123456789")
+    assert from_file == deployment_identity() != ""  # the same secret, read from either place
