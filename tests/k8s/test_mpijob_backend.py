@@ -241,7 +241,7 @@ def test_no_controller_fails_after_the_grace_instead_of_waiting_forever(
 def test_a_retry_after_the_worker_died_reattaches_to_the_running_mpijob(
     cluster: tuple[KubeDouble, MPIJobController], scripts: Scripts
 ) -> None:
-    from airflow_mpi.operators.mpi import MPIJobOperator
+    from airflow_mpi.operators.mpi import MPIJobOperator, deployment_identity
 
     kube, _ = cluster
     gate = threading.Event()
@@ -265,7 +265,8 @@ def test_a_retry_after_the_worker_died_reattaches_to_the_running_mpijob(
     # The first try: created the MPIJob and streamed part of the log, then its process died
     # (nothing of it runs on; the MPIJob does).
     first = KubernetesBackend(kind="mpijob", api_client=api_client_for(kube), namespace=NS)
-    identity = RunIdentity("mdag", "train", run_id, try_number=1)
+    # The same deployment as the operator's retry below: a try of this Airflow's.
+    identity = RunIdentity("mdag", "train", run_id, try_number=1, deployment=deployment_identity())
     plan = first.render_plan(MPIJobSpec.from_dict(spec), identity)
     runner = JobRunner(first, plan, [].append)
     runner.create()
