@@ -90,10 +90,7 @@ class ShownLines:
         """Read the mark and take it over; the lines it counts (0 without one, or with one not
         believed: said once in ``log``, the trigger's)."""
         self.log = log
-        try:
-            self._object = await self._read()
-        except Exception as error:
-            self._give_up("read", error)
+        if not await self._reread():
             return 0
         found = parse_lease_mark(self._object)
         if found.problem is not None:
@@ -159,10 +156,7 @@ class ShownLines:
                 if api_status(error) != CONFLICT:
                     self._give_up("write", error)
                     return True
-                try:
-                    self._object = await self._read()
-                except Exception as read_error:
-                    self._give_up("read", read_error)
+                if not await self._reread():
                     return True
                 continue
             self.writes += 1
@@ -180,10 +174,7 @@ class ShownLines:
             if lines > self.lines and self._overdue(read_at) is not None:
                 return await self._take_back(lines, read_at)
             return False
-        try:
-            self._object = await self._read()
-        except Exception as error:
-            self._give_up("read", error)
+        if not await self._reread():
             return True
         self._written_at = time.monotonic()
         found = parse_lease_mark(self._object)
@@ -208,6 +199,15 @@ class ShownLines:
         )
         self.lost = False
         return await self._write(lines)
+
+    async def _reread(self) -> bool:
+        """Read the Lease again into ``_object``; False once the mark is given up (it cannot be read)."""
+        try:
+            self._object = await self._read()
+        except Exception as error:
+            self._give_up("read", error)
+            return False
+        return True
 
     async def _read(self) -> dict[str, Any]:
         group, version, plural, _ = LOG_LEASE
