@@ -13,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down image node-system
+.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down image airflow-image node-system
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -58,7 +58,7 @@ lint: $(STAMP) ## ruff, format check, mypy (strict core), import contract, shell
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy airflow_mpi
 	$(BIN)/lint-imports
-	@if command -v shellcheck >/dev/null; then shellcheck airflow_mpi/scripts/*.sh docker/*.sh .ci/run; \
+	@if command -v shellcheck >/dev/null; then shellcheck airflow_mpi/scripts/*.sh docker/*.sh docker/postgres/postgres-entrypoint .ci/run; \
 		else echo "shellcheck not installed: skipped"; fi
 
 format: $(STAMP) ## apply ruff's fixes and formatting
@@ -76,7 +76,7 @@ browser: ## Chromium and ChromeDriver from Debian's packages, for the browser ti
 	fi
 
 # The real-Node tier runs in a pytest session of its own beside the rest (tests/lanes.py).
-test: setup lint cluster-build image browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane and real Nodes, the UI in a browser, the docs site
+test: setup lint cluster-build image airflow-image browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane and real Nodes, the UI in a browser, the docs site
 	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(PY) -m tests.lanes -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The real Kubernetes control plane and controllers, built from upstream source through the Go
@@ -101,6 +101,13 @@ node-system: ## Debian's packages for real Nodes and the image build
 image: setup cluster-build node-system ## build the training image (and its Debian base and the pause image) from docker/Dockerfile
 	@if command -v go >/dev/null; then PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster.image; \
 	else echo "image: the pause image needs the Kubernetes source (Go): the real-node tier will be skipped"; fi
+
+# Airflow as users deploy it in Kubernetes: docker/airflow/Dockerfile (the recipe users add to their
+# Airflow image) on a stand-in for apache/airflow built the same way, with this checkout's wheel;
+# and PostgreSQL from Debian's packages (docker/postgres). Cached by the hash of their inputs.
+airflow-image: image ## build the Airflow image (with this checkout's wheel) and the PostgreSQL image
+	@if command -v go >/dev/null; then PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster.image --airflow; \
+	else echo "airflow-image: skipped with the real-node tier (no Go)"; fi
 
 cluster-up: setup cluster-build image ## start the real control plane, 3 real Nodes (kubelet, containerd), mpi-operator, Volcano and Kueue; KUBECONFIG=.cluster/kubeconfig
 	@PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster up

@@ -13,10 +13,18 @@ Two images come out:
 - ``localhost/airflow-mpi-train:dev``: the Dockerfile's image (sshd, Open MPI, torch, DeepSpeed,
   mpi4py, the launch script, the example's training script).
 
+And, for Airflow deployed inside the cluster (``--airflow``, ``make airflow-image``):
+- ``localhost/airflow-mpi-airflow-base:3.3.2``: ``docker/airflow/base.Dockerfile``, a stand-in for
+  ``apache/airflow:3.3.2-python3.11`` (no registry here) with the same layout;
+- ``localhost/airflow-mpi-airflow:dev``: ``docker/airflow/Dockerfile`` (the recipe users add to
+  their own Airflow image) on that stand-in, with the wheel built from this checkout: a product
+  change rebuilds only this thin layer;
+- ``localhost/airflow-mpi-postgres:15``: ``docker/postgres/Dockerfile``, Debian's PostgreSQL 15.
+
 The torch stack comes from the package cache the virtualenv filled (``uv``'s cache, mounted at
 build time), not downloaded again.
 
-    python tests/cluster/image.py [--force]
+    python tests/cluster/image.py [--force] [--airflow]
 
 Test code: nothing here ships in the wheel.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -51,6 +60,15 @@ TRAIN_INPUTS = (
     "dags/scripts/train_digits.py",
 )
 RECIPE_VERSION = "1"  # bump when this file changes what it builds
+
+AIRFLOW_BASE_IMAGE = "localhost/airflow-mpi-airflow-base:3.3.2"
+AIRFLOW_IMAGE = "localhost/airflow-mpi-airflow:dev"
+POSTGRES_IMAGE = "localhost/airflow-mpi-postgres:15"
+AIRFLOW_BASE_DOCKERFILE = "docker/airflow/base.Dockerfile"
+AIRFLOW_DOCKERFILE = "docker/airflow/Dockerfile"
+POSTGRES_INPUTS = ("docker/postgres/Dockerfile", "docker/postgres/postgres-entrypoint")
+# What the wheel is built from (README.md too, but only as its description: it does not rebuild).
+WHEEL_INPUTS = ("airflow_mpi", "pyproject.toml", "MANIFEST.in")
 
 
 @dataclass(frozen=True)
@@ -108,11 +126,14 @@ class Buildah:
         self.root = Path(tempfile.mkdtemp(prefix="airflow-mpi-buildah-", dir="/var/tmp"))
         self.log = log
 
+    def command(self, *args: str) -> list[str]:
+        """The argv of ``buildah ARGS`` on this storage root (to run it oneself)."""
+        return ["buildah", "--root", str(self.root / "root"), "--runroot", str(self.root / "run"),
+                "--storage-driver", "vfs", *args]  # fmt: skip
+
     def __call__(self, *args: str, cwd: Path | None = None) -> None:
-        base = ["buildah", "--root", str(self.root / "root"), "--runroot", str(self.root / "run"),
-                "--storage-driver", "vfs"]  # fmt: skip
         t0 = time.monotonic()
-        _run([*base, *args], lambda _: None, cwd=cwd)
+        _run(self.command(*args), lambda _: None, cwd=cwd)
         self.log(f"image: buildah {args[0]} in {time.monotonic() - t0:.0f} s")
 
     def save(self, image: str, archive: Path) -> None:
@@ -204,6 +225,137 @@ def build_train(log=print, force: bool = False, python: Path | None = None) -> B
     return _finish(TRAIN_IMAGE, archive, started, log)
 
 
+def airflow_base_key() -> str:
+    # The Dockerfile carries the pins (the Airflow version and the day uv resolves as of).
+    return _digest([base_key().encode(), (REPO / AIRFLOW_BASE_DOCKERFILE).read_bytes()])
+
+
+def _wheel_sources() -> list[str]:
+    """The tracked files the wheel is built from, as they are in the checkout now."""
+    listed = subprocess.run(["git", "ls-files", "-z", *WHEEL_INPUTS], cwd=REPO, capture_output=True, check=True)
+    return sorted(name for name in listed.stdout.decode().split("\0") if name and (REPO / name).is_file())
+
+
+def airflow_key() -> str:
+    sources = [part for name in _wheel_sources() for part in (name.encode(), (REPO / name).read_bytes())]
+    return _digest([airflow_base_key().encode(), (REPO / AIRFLOW_DOCKERFILE).read_bytes(), *sources])
+
+
+def postgres_key() -> str:
+    return _digest([base_key().encode(), *((REPO / path).read_bytes() for path in POSTGRES_INPUTS)])
+
+
+def _uv_mounts(python: Path | None = None) -> list[str]:
+    """The virtualenv's uv and its package cache, mounted at build time only (not in the image):
+    packages are copied from the cache, not downloaded again."""
+    uv = shutil.which("uv", path=str((python or Path(sys.executable)).parent))
+    uv_cache = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
+    if not (uv and uv_cache.is_dir()):
+        return []
+    return ["--volume", f"{uv}:/usr/local/bin/uv:ro", "--volume", f"{uv_cache}:/root/.cache/uv"]
+
+
+def build_airflow_base(log=print, force: bool = False) -> Built:
+    """``docker/airflow/base.Dockerfile`` on the Debian base, as ``AIRFLOW_BASE_IMAGE``."""
+    folder = cache_dir() / f"airflow-base-{airflow_base_key()}"
+    archive = folder / "image.tar"
+    if not force and (hit := _cached(AIRFLOW_BASE_IMAGE, archive)):
+        return hit
+    mounts = _uv_mounts()
+    if not mounts:
+        raise RuntimeError("building the Airflow base needs uv and its cache beside this Python: make setup")
+    base = build_base(log)
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    buildah = Buildah(log)
+    try:
+        buildah("pull", "--quiet", f"docker-archive:{base.archive}")
+        buildah("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--layers=false",
+                "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", *mounts,
+                "-f", AIRFLOW_BASE_DOCKERFILE, "-t", AIRFLOW_BASE_IMAGE, ".", cwd=REPO)  # fmt: skip
+        buildah.save(AIRFLOW_BASE_IMAGE, archive)
+    finally:
+        buildah.close()
+    return _finish(AIRFLOW_BASE_IMAGE, archive, started, log)
+
+
+def build_wheel(out: Path, log=print) -> Path:
+    """The wheel of this checkout's tracked sources (copied aside, so the checkout gets no build
+    folders), into ``out``."""
+    source = out / "source"
+    for name in [*_wheel_sources(), "README.md"]:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, source / name)
+    # The environment's setuptools: no download in the build.
+    isolation = ["--no-isolation"] if importlib.util.find_spec("setuptools") else []
+    _run([sys.executable, "-m", "build", "--wheel", *isolation, "--outdir", str(out / "dist"), str(source)], log)
+    (wheel,) = (out / "dist").glob("airflow_mpi-*.whl")
+    return wheel
+
+
+def build_airflow(log=print, force: bool = False) -> Built:
+    """``docker/airflow/Dockerfile`` (what users add to their Airflow image) on the stand-in, with
+    this checkout's wheel as its context, as ``AIRFLOW_IMAGE``."""
+    folder = cache_dir() / f"airflow-{airflow_key()}"
+    archive = folder / "image.tar"
+    if not force and (hit := _cached(AIRFLOW_IMAGE, archive)):
+        return hit
+    base = build_airflow_base(log)
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    buildah = Buildah(log)
+    try:
+        wheel = build_wheel(buildah.root / "wheel", log)
+        buildah("pull", "--quiet", f"docker-archive:{base.archive}")
+        buildah("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--layers=false",
+                "--build-arg", f"AIRFLOW_IMAGE={AIRFLOW_BASE_IMAGE}",
+                "-f", str(REPO / AIRFLOW_DOCKERFILE), "-t", AIRFLOW_IMAGE, str(wheel.parent))  # fmt: skip
+        buildah.save(AIRFLOW_IMAGE, archive)
+    finally:
+        buildah.close()
+    return _finish(AIRFLOW_IMAGE, archive, started, log)
+
+
+def build_postgres(log=print, force: bool = False) -> Built:
+    """``docker/postgres/Dockerfile`` on the Debian base, as ``POSTGRES_IMAGE``."""
+    folder = cache_dir() / f"postgres-{postgres_key()}"
+    archive = folder / "image.tar"
+    if not force and (hit := _cached(POSTGRES_IMAGE, archive)):
+        return hit
+    base = build_base(log)
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    buildah = Buildah(log)
+    try:
+        buildah("pull", "--quiet", f"docker-archive:{base.archive}")
+        buildah("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--layers=false",
+                "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                "-f", "docker/postgres/Dockerfile", "-t", POSTGRES_IMAGE, ".", cwd=REPO)  # fmt: skip
+        buildah.save(POSTGRES_IMAGE, archive)
+    finally:
+        buildah.close()
+    return _finish(POSTGRES_IMAGE, archive, started, log)
+
+
+def airflow_archives() -> dict[str, Path]:
+    """The Airflow and PostgreSQL images of this checkout's inputs (role -> docker-archive), where
+    both are built (``make airflow-image``); else empty."""
+    archives = {
+        "airflow": cache_dir() / f"airflow-{airflow_key()}" / "image.tar",
+        "postgres": cache_dir() / f"postgres-{postgres_key()}" / "image.tar",
+    }
+    return archives if all(a.exists() for a in archives.values()) else {}
+
+
+def build_airflow_images(log=print, force: bool = False) -> dict[str, Built]:
+    """The Airflow image (and its stand-in base) and the PostgreSQL image, each cached by the hash
+    of its inputs. ``force`` rebuilds the two images, not the stand-in (minutes of packages)."""
+    missing = _missing_tools()
+    if missing:
+        raise RuntimeError(f"building the images needs {', '.join(missing)}: apt-get install {' '.join(missing)}")
+    return {"airflow": build_airflow(log, force), "postgres": build_postgres(log, force)}
+
+
 PAUSE_IMAGE = "localhost/pause:3.10"
 
 
@@ -257,10 +409,18 @@ def cached_archives() -> dict[str, Path]:
     return archives if all(a.exists() for a in archives.values()) else {}
 
 
+def _airflow_folders() -> set[Path]:
+    """The cache folders of this checkout's Airflow images (built or not), which ``prune`` keeps."""
+    names = [f"airflow-base-{airflow_base_key()}", f"airflow-{airflow_key()}", f"postgres-{postgres_key()}"]
+    return {cache_dir() / name for name in names}
+
+
 def prune(keep: tuple[Path, ...]) -> None:
-    """Remove the cache's images of older inputs (each is gigabytes)."""
+    """Remove the cache's images of older inputs (each is gigabytes); this checkout's Airflow
+    images stay whether or not they are among ``keep``."""
+    kept = {k.parent for k in keep} | _airflow_folders()
     for folder in cache_dir().glob("*-*"):
-        if folder.is_dir() and folder not in {k.parent for k in keep}:
+        if folder.is_dir() and folder not in kept:
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -276,8 +436,10 @@ def build_all(log=print, force: bool = False) -> dict[str, Built]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--force", action="store_true", help="rebuild even when the cache has the inputs' images")
+    parser.add_argument("--airflow", action="store_true", help="the Airflow and PostgreSQL images instead")
     args = parser.parse_args(argv)
-    for role, built in build_all(lambda m: print(m, flush=True), args.force).items():
+    build = build_airflow_images if args.airflow else build_all
+    for role, built in build(lambda m: print(m, flush=True), args.force).items():
         state = "cached" if built.cached else "built"
         print(
             f"{role}: {built.name} {state} ({built.seconds:.0f} s to build, {built.size_bytes / 2**20:.0f} MiB): {built.archive}"
