@@ -54,3 +54,11 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page: Path) 
         elif anchor and found.suffix == ".md" and anchor not in heading_ids(found):
             broken.append(f"{target}: no heading #{anchor} in {found.relative_to(REPO)}")
     assert broken == []
+
+
+def test_the_install_page_shows_the_airflow_recipe_as_it_is() -> None:
+    """The Dockerfile users add to their Airflow image is the one the tests build, line for line."""
+    recipe = (REPO / "docker" / "airflow" / "Dockerfile").read_text().splitlines()
+    steps = [line for line in recipe if line.strip() and not line.startswith("#")]
+    shown = re.findall(r"```dockerfile\n(.*?)```", (REPO / "docs" / "guides" / "install.md").read_text(), re.S)
+    assert "\n".join(steps) + "\n" in shown
