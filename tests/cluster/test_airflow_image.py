@@ -32,7 +32,8 @@ from tests.cluster import image
 from tests.cluster.conftest import _required
 from tests.cluster.test_airflow_releases import RELEASES
 
-pytestmark = [pytest.mark.cluster]
+# Root (buildah, a network namespace) and the built images; no cluster.
+pytestmark = [pytest.mark.integration]
 
 HOW_TO_BUILD = "needs buildah and the Airflow and PostgreSQL images: run `make airflow-image`"
 PASSWORD = "s3cret-pw"
