@@ -37,6 +37,7 @@ from airflow_mpi.backends.k8s_errors import API_TIMEOUT, RBAC_DOC, ApiSilence
 from airflow_mpi.backends.log_follow import MasterLogFollow
 from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.backends.removal import JobRemoval
+from airflow_mpi.backends.token_file import use_token_file
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.job.identity import owned_by
 from airflow_mpi.job.naming import RunIdentity, job_selector
@@ -107,10 +108,14 @@ class KubernetesBackend:
             return self._api_client
         try:
             configuration = copy.copy(self._hook.api_client.configuration)
+            in_cluster = self._hook.is_in_cluster
         except Exception as error:
             raise BackendUnavailable(
                 f"cannot reach Kubernetes through connection {self.kubernetes_conn_id!r}: {error}"
             ) from error
+        if in_cluster:  # the pod's projected token, which the kubelet rewrites while a job runs
+            configuration.api_key = dict(configuration.api_key)
+            use_token_file(configuration)
         return ApiClient(configure_client(configuration, self.create_concurrency))
 
     @property
