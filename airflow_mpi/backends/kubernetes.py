@@ -177,7 +177,8 @@ class KubernetesBackend:
         """Fail before anything is created when the credentials lack a verb the job needs (its
         kind's and its gang's too: one SelfSubjectRulesReview). An answer the server marks
         incomplete (a webhook authorizer), or a review that is not allowed, is not judged: the
-        requests themselves will say. The error names who lacks the verb (a SelfSubjectReview)."""
+        requests themselves will say. The error names who lacks the verb (a SelfSubjectReview; the
+        connection where the server does not say)."""
         needed = self.kind.permissions(spec)
         if (namespace, needed) in self._permitted:
             return
@@ -185,7 +186,8 @@ class KubernetesBackend:
         if status is not None:
             missing = missing_permissions(status.get("resourceRules") or [], needed)
             if missing and not status.get("incomplete"):
-                raise LaunchError(render_missing(missing, namespace, RBAC_DOC, user=self.objects.whoami()))
+                user, connection = self.objects.whoami(), self.kubernetes_conn_id
+                raise LaunchError(render_missing(missing, namespace, RBAC_DOC, user=user, connection=connection))
         self._permitted.add((namespace, needed))
 
     def create(self, plan: JobPlan) -> None:

@@ -186,7 +186,9 @@ class MPIJobTrigger(BaseTrigger):
         since = time.monotonic()
         try:
             async with asyncio.timeout(limit):
-                refused = await refused_permissions(api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1))
+                refused = await refused_permissions(
+                    api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1), self.contract.kubernetes_conn_id
+                )
         except TimeoutError:
             if limit < self.contract.api_timeout:
                 return None

@@ -105,17 +105,20 @@ print("WHO " + json.dumps({"sync": sync, "async": asyncio.run(deferred())}), flu
 """
 
 
-@pytest.fixture
-def pod(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[PodIdentity]:
-    """ServiceAccount ``airflow-worker`` of the test's namespace, bound to the worker's and the
-    triggerer's Roles (one process here runs the task and its trigger), and a first token."""
-    rules = [dict(rule) for rule in (*WORKER_RULES, *TRIGGERER_RULES)]
-    cluster.service_account_kubeconfig(namespace, ACCOUNT, rules, tmp_path / "unused.kubeconfig")
-    identity = PodIdentity(cluster, namespace, ACCOUNT, tmp_path / "pod")
+def pod_of(cluster: Cluster, namespace: str, root: Path, rules: list[dict[str, Any]]) -> Iterator[PodIdentity]:
+    cluster.service_account_kubeconfig(namespace, ACCOUNT, rules, root / "unused.kubeconfig")
+    identity = PodIdentity(cluster, namespace, ACCOUNT, root / "pod")
     try:
         yield identity
     finally:
         identity.close()
+
+
+@pytest.fixture
+def pod(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[PodIdentity]:
+    """ServiceAccount ``airflow-worker`` of the test's namespace, bound to the worker's and the
+    triggerer's Roles (one process here runs the task and its trigger), and a first token."""
+    yield from pod_of(cluster, namespace, tmp_path, [dict(rule) for rule in (*WORKER_RULES, *TRIGGERER_RULES)])
 
 
 def run_in_pod(pod: PodIdentity, script: str, argv: list[str], connections: dict[str, Any]) -> subprocess.Popen[str]:
@@ -206,3 +209,42 @@ def test_with_no_connection_both_clients_are_the_pods_service_account(pod: PodId
     for client in ("sync", "async"):
         assert who[client]["user"] == f"system:serviceaccount:{namespace}:{ACCOUNT}", out[-6000:]
         assert who[client]["token"].split()[-1] == token, client
+
+
+def without(rules: list[dict[str, Any]], resource: str, verb: str) -> list[dict[str, Any]]:
+    """``rules`` less ``verb`` on ``resource`` (kept for the rule's other resources)."""
+    kept = []
+    for rule in rules:
+        if resource in rule["resources"] and verb in rule["verbs"]:
+            others = [r for r in rule["resources"] if r != resource]
+            if others:
+                kept.append(dict(rule, resources=others))
+            rule = dict(rule, resources=[resource], verbs=[v for v in rule["verbs"] if v != verb])
+        if rule["verbs"]:
+            kept.append(dict(rule))
+    return kept
+
+
+# The worker's check (pods `create`: nothing is created) and the trigger's (leases `update`, the
+# one verb only the triggerer's Role has: the job was created, the trigger refuses to follow it).
+REFUSED = [("waiting", "pods", "create"), ("deferred", "leases", "update")]
+
+
+@pytest.mark.parametrize(("path", "resource", "verb"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_a_role_without_a_verb_fails_naming_it_and_the_pods_service_account(
+    cluster: Cluster, namespace: str, tmp_path: Path, path: str, resource: str, verb: str
+) -> None:
+    rules = without([dict(rule) for rule in (*WORKER_RULES, *TRIGGERER_RULES)], resource, verb)
+    for pod in pod_of(cluster, namespace, tmp_path, rules):
+        pod.issue()
+        child = run_in_pod(pod, WAITING if path == "waiting" else DEFERRED, [job(namespace), f"r-{time.monotonic_ns()}"],
+                           in_cluster_connections(namespace))  # fmt: skip
+        out, _ = child.communicate(timeout=180)
+        assert child.returncode != 0, out[-6000:]
+        group = ".coordination.k8s.io" if resource == "leases" else ""
+        component = "worker" if path == "waiting" else "triggerer"
+        assert f"the service account {namespace}/{ACCOUNT} cannot `{verb}` `{resource}` in namespace {namespace}" in out
+        assert f"add `{verb}` on `{resource}` to the {component}'s Role" in out, out[-6000:]
+        user = f"system:serviceaccount:{namespace}:{ACCOUNT}"
+        assert f"`kubectl auth can-i {verb} {resource}{group} -n {namespace} --as {user}` says yes" in out, out[-6000:]
+        assert "tick 0" not in out, out[-6000:]  # refused before the job ran (the trigger: before it followed)
