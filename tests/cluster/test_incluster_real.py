@@ -25,6 +25,7 @@ import pytest
 from airflow_mpi.kinds.permissions import TRIGGERER_RULES, WORKER_RULES
 from tests.cluster.cluster import Cluster
 from tests.cluster.incluster import PodIdentity
+from tests.documented import documented_role_rules
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -114,6 +115,12 @@ def pod_of(cluster: Cluster, namespace: str, root: Path, rules: list[dict[str, A
         identity.close()
 
 
+TESTED = """
+from airflow_mpi.hooks.mpi import MPIJobHook
+print("TESTED", *MPIJobHook("mpi_default").test_connection(), flush=True)
+"""
+
+
 @pytest.fixture
 def pod(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[PodIdentity]:
     """ServiceAccount ``airflow-worker`` of the test's namespace, bound to the worker's and the
@@ -122,13 +129,20 @@ def pod(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[PodIdentit
 
 
 def run_in_pod(pod: PodIdentity, script: str, argv: list[str], connections: dict[str, Any]) -> subprocess.Popen[str]:
-    env = {**os.environ, **pod.env(), "PYTHONUNBUFFERED": "1"}
+    """``script`` run by this Python with ``argv``, as in a pod of ``pod`` with ``connections`` only."""
+    return run_command_in_pod(pod, [sys.executable, "-c", script, *argv], connections)
+
+
+def run_command_in_pod(
+    pod: PodIdentity, argv: list[str], connections: dict[str, Any], **settings: str
+) -> subprocess.Popen[str]:
+    env = {**os.environ, **pod.env(), "PYTHONUNBUFFERED": "1", **settings}
     env.pop("KUBECONFIG", None)
     env.pop("AIRFLOW_CONN_MPI_DEFAULT", None)
     for conn_id, connection in connections.items():
         env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(connection)
     return subprocess.Popen(
-        pod.command([sys.executable, "-c", script, *argv]),
+        pod.command(argv),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
@@ -248,3 +262,39 @@ def test_a_role_without_a_verb_fails_naming_it_and_the_pods_service_account(
         user = f"system:serviceaccount:{namespace}:{ACCOUNT}"
         assert f"`kubectl auth can-i {verb} {resource}{group} -n {namespace} --as {user}` says yes" in out, out[-6000:]
         assert "tick 0" not in out, out[-6000:]  # refused before the job ran (the trigger: before it followed)
+
+
+def test_the_walkthroughs_checks_pass_with_exactly_the_documented_worker_role(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """Steps 4 and 5 of docs/guides/kubernetes-walkthrough.md as the workers' ServiceAccount runs
+    them: its connections, then ``airflow connections test mpi_default`` (a list of the
+    namespace's pods) and ``airflow-mpi doctor --image`` (one pod, created, read and deleted)."""
+    connections = {
+        "kubernetes_default": {"conn_type": "kubernetes", "extra": {"in_cluster": True}},
+        "mpi_default": {
+            "conn_type": "mpi",
+            "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kubernetes_default", "namespace": namespace},
+        },
+    }
+    bin_dir = Path(sys.executable).parent
+    for pod in pod_of(cluster, namespace, tmp_path, documented_role_rules("worker")):
+        pod.issue()
+        test = [str(bin_dir / "airflow"), "connections", "test", "mpi_default"]
+        tested = run_command_in_pod(pod, test, connections, AIRFLOW__CORE__TEST_CONNECTION="Enabled")
+        out, _ = tested.communicate(timeout=180)
+        assert tested.returncode == 0 and "Connection success!" in out, out[-6000:]
+        said = run_in_pod(pod, TESTED, [], connections)  # what the command does not print: the test's answer
+        out, _ = said.communicate(timeout=120)
+        assert (
+            f"TESTED True the Kubernetes API at https://127.0.0.1:{cluster.plane.port} lists pods in namespace {namespace}"
+            in out
+        )
+        doctor = [str(bin_dir / "airflow-mpi"), "doctor", "--image", "registry.example/airflow-mpi-train:0.1",
+                  "--kubernetes-conn-id", "kubernetes_default", "--namespace", namespace]  # fmt: skip
+        checked = run_command_in_pod(pod, doctor, connections)
+        out, _ = checked.communicate(timeout=300)
+        assert checked.returncode == 0 and "every check passed" in out, out[-6000:]
+        assert "sshd" in out and "mpiexec" in out, out[-6000:]  # the checks ran, in the pod
+        left = cluster.api().get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+        assert [p["metadata"]["name"] for p in left] == [], "the doctor's pod is left"
