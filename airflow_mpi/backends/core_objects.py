@@ -22,6 +22,7 @@ from airflow_mpi.backends.k8s_errors import (
     CONFLICT,
     FORBIDDEN,
     NOT_FOUND,
+    UNAUTHORIZED,
     ApiRequest,
     ApiSilence,
     api_status,
@@ -31,6 +32,7 @@ from airflow_mpi.backends.k8s_errors import (
     retry_delay,
     translate,
 )
+from airflow_mpi.backends.token_file import renewed_since, token_generation
 from airflow_mpi.exceptions import BackendError, LaunchError
 from airflow_mpi.job.naming import LABEL_JOB, LABEL_RUN_KEY, LABEL_TRY_NUMBER
 from airflow_mpi.observe.cursor import followed_log_call
@@ -72,13 +74,17 @@ class CoreObjects:
     def request(self, call: Callable[[tuple[float, float]], Any], since: float | None = None) -> Any:
         """Make one request (``call(request_timeout)``), retrying 429/5xx answers and connection
         failures until the API has been silent for ``api_timeout`` since ``since`` (default: now),
-        then ``BackendUnreachable``. Any other error is the caller's to read (404, 409 ...)."""
+        then ``BackendUnreachable``, and a 401 once the token file holds a newer token than the
+        request sent (``token_file``). Any other error is the caller's to read (404, 409 ...)."""
         since = time.monotonic() if since is None else since
         attempt = 0
         while True:
+            token = token_generation(self.api_client)
             try:
                 result = call(self.silence.request_timeout(since))
             except Exception as error:
+                if api_status(error) == UNAUTHORIZED and renewed_since(self.api_client, token):
+                    continue  # sent with the token the kubelet has since replaced
                 self.silence.failed(error)
                 if not is_transient(error):
                     raise

@@ -37,6 +37,7 @@ from airflow_mpi.backends.k8s_errors import API_TIMEOUT, RBAC_DOC, ApiSilence
 from airflow_mpi.backends.log_follow import MasterLogFollow
 from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.backends.removal import JobRemoval
+from airflow_mpi.backends.token_file import use_token_file
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.job.identity import owned_by
 from airflow_mpi.job.naming import RunIdentity, job_selector
@@ -107,10 +108,14 @@ class KubernetesBackend:
             return self._api_client
         try:
             configuration = copy.copy(self._hook.api_client.configuration)
+            in_cluster = self._hook.is_in_cluster
         except Exception as error:
             raise BackendUnavailable(
                 f"cannot reach Kubernetes through connection {self.kubernetes_conn_id!r}: {error}"
             ) from error
+        if in_cluster:  # the pod's projected token, which the kubelet rewrites while a job runs
+            configuration.api_key = dict(configuration.api_key)
+            use_token_file(configuration)
         return ApiClient(configure_client(configuration, self.create_concurrency))
 
     @property
@@ -172,7 +177,8 @@ class KubernetesBackend:
         """Fail before anything is created when the credentials lack a verb the job needs (its
         kind's and its gang's too: one SelfSubjectRulesReview). An answer the server marks
         incomplete (a webhook authorizer), or a review that is not allowed, is not judged: the
-        requests themselves will say. The error names who lacks the verb (a SelfSubjectReview)."""
+        requests themselves will say. The error names who lacks the verb (a SelfSubjectReview; the
+        connection where the server does not say)."""
         needed = self.kind.permissions(spec)
         if (namespace, needed) in self._permitted:
             return
@@ -180,7 +186,8 @@ class KubernetesBackend:
         if status is not None:
             missing = missing_permissions(status.get("resourceRules") or [], needed)
             if missing and not status.get("incomplete"):
-                raise LaunchError(render_missing(missing, namespace, RBAC_DOC, user=self.objects.whoami()))
+                user, connection = self.objects.whoami(), self.kubernetes_conn_id
+                raise LaunchError(render_missing(missing, namespace, RBAC_DOC, user=user, connection=connection))
         self._permitted.add((namespace, needed))
 
     def create(self, plan: JobPlan) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from airflow_mpi.backends.k8s_errors import BAD_REQUEST, NOT_FOUND, ApiRequest, ApiSilence, api_status, is_transient
 from airflow_mpi.backends.k8s_errors import translate as translate_error
 from airflow_mpi.backends.pod_watch import WatchedJob
+from airflow_mpi.backends.token_file import renewed_since, token_generation
 from airflow_mpi.observe.cursor import TimestampedLogSplitter
 from airflow_mpi.observe.status import PodPhase, PodState
 
@@ -50,6 +51,8 @@ class MasterLogFollow:
                 continue
             if state.reason == "Deleted":
                 return
+            client = getattr(job.watcher.core, "api_client", None)
+            token = token_generation(client)
             try:
                 response = self.open_log(job.cursor.resume())
                 self.silence.answered()
@@ -58,7 +61,7 @@ class MasterLogFollow:
                 status = api_status(error)
                 if status == NOT_FOUND or (state.ended and status == BAD_REQUEST):
                     return  # gone, or ended without ever starting (e.g. an image error)
-                if status == BAD_REQUEST or is_transient(error):
+                if status == BAD_REQUEST or is_transient(error) or renewed_since(client, token):
                     # 400: the container is not up yet. A transient failure is bounded by the
                     # watch: master_state raises once the API has been silent for api_timeout.
                     job.watcher.wait(min(0.2 * (reconnects + 1), 2.0))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_mpi.backends.k8s_errors import GONE, ApiRequest, ApiSilence, api_status, is_refusal, translate
+from airflow_mpi.backends.token_file import renewed_since, token_generation
 from airflow_mpi.exceptions import BackendError
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.observe.cursor import LogCursor
@@ -119,6 +120,7 @@ class PodWatcher:
         loop = self.loop
         while not self._stop.is_set():
             verb = "list"  # the RBAC verb of the request under way, for a refusal's message
+            token = token_generation(self.core.api_client)
             try:
                 if loop.must_list:
                     self._list()
@@ -141,7 +143,7 @@ class PodWatcher:
                 if self._stop.is_set():
                     break
                 self.silence.failed(error)
-                if is_refusal(error):
+                if is_refusal(error) and not renewed_since(self.core.api_client, token):
                     self._end(translate(error, ApiRequest(verb, "pods", self.namespace), self.silence.api_url))
                     break
                 if self.silence.exceeded(self._since):

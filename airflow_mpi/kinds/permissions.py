@@ -152,13 +152,15 @@ def missing_permissions(granted: Sequence[Mapping[str, Any]], needed: Sequence[P
     return [want for want in needed if not any(_grants(rule, want) for rule in granted)]
 
 
-def describe_user(username: str | None) -> str:
+def describe_user(username: str | None, connection: str | None = None) -> str:
     """Who a SelfSubjectReview says the credentials are (``system:serviceaccount:NS:NAME``), in
-    words; unknown (the review not served or not allowed): the credentials themselves."""
+    words; unknown (the review not served or not allowed): the credentials of ``connection``."""
     parts = (username or "").split(":")
     if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
         return f"the service account {parts[2]}/{parts[3]}"
-    return f"the user {username}" if username else "the Kubernetes credentials"
+    if username:
+        return f"the user {username}"
+    return f"the credentials of Kubernetes connection {connection!r}" if connection else "the Kubernetes credentials"
 
 
 # Why each component checks before it acts, for its error.
@@ -171,14 +173,27 @@ WHEN_CHECKED = {
 
 
 def render_missing(
-    missing: Sequence[Permission], namespace: str, doc: str, *, user: str | None = None, component: str = "worker"
+    missing: Sequence[Permission],
+    namespace: str,
+    doc: str,
+    *,
+    user: str | None = None,
+    component: str = "worker",
+    connection: str | None = None,
 ) -> str:
     """The task's error for ``component``'s credentials (``user``: who a SelfSubjectReview said
-    they are, when known) that lack ``missing`` in ``namespace``."""
+    they are, when known; else named as ``connection``'s) that lack ``missing`` in ``namespace``.
+    A known user gets the ``kubectl auth can-i`` line that shows the fix took (the RoleBinding's
+    subject is that name)."""
     names = ", ".join(p.describe() for p in missing)
     verbs = ", ".join(f"`{p.verb}` on `{p.resource}`" for p in missing)
-    who = describe_user(user)
+    who = describe_user(user, connection)
+    check = ""
+    if user:
+        first = missing[0]
+        resource = f"{first.resource}.{first.group}" if first.group else first.resource
+        check = f" (then `kubectl auth can-i {first.verb} {resource} -n {namespace} --as {user}` says yes)"
     return (
         f"{who} cannot {names} in namespace {namespace} ({WHEN_CHECKED[component]}): add {verbs} to the "
-        f"{component}'s Role bound to {'them' if user is None else 'it'}; see {doc}"
+        f"{component}'s Role bound to {'them' if user is None else 'it'}{check}; see {doc}"
     )

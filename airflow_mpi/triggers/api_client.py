@@ -3,12 +3,14 @@ in a triggerer. A client costs a TLS context (the CA bundle parsed: ~50 ms and ~
 connection pool; a triggerer holds hundreds of waits, which used to build one each.
 
 The configuration comes from the Airflow connection with the fields and rules of the cncf
-provider's ``AsyncKubernetesHook`` (``in_cluster``, ``kube_config_path``, ``kube_config``,
-``cluster_context``, else the default kubeconfig), read here so that the triggerer does not import
-that hook's module: it loads the synchronous ``kubernetes`` client as well (~40 MB of RSS the
-trigger never uses). A user that authenticates through an exec plugin (short-lived tokens) gets
-its own client per wait, loaded afresh, as the provider does; in-cluster tokens refresh from
-their file in a shared client too.
+provider's ``KubernetesHook`` (``in_cluster``, ``kube_config_path``, ``kube_config``,
+``cluster_context``; none of them: the pod's ServiceAccount when there is one, else the default
+kubeconfig; the provider's ``AsyncKubernetesHook`` skips the ServiceAccount, so a deferred task
+in a pod would not run as its waiting twin does), read here so that the triggerer does not
+import that hook's module: it loads the synchronous ``kubernetes`` client as well (~40 MB of RSS
+the trigger never uses). A user that authenticates through an exec plugin (short-lived tokens)
+gets its own client per wait, loaded afresh, as the provider does; an in-cluster client sends the
+token its file holds at each request (``backends.token_file``), shared or not.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from airflow_mpi.backends.token_file import use_token_file
 from airflow_mpi.observe.lines import LineSplitter
 
 DEFAULT_CONN_ID = "kubernetes_default"
@@ -122,11 +125,18 @@ async def load_configuration(conn_id: str) -> tuple[Any, bool]:
     configuration = Configuration()
     if in_cluster:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return configuration, True
+        return use_token_file(configuration), True  # the token as the kubelet last wrote it
     if inline:
         data = inline if isinstance(inline, dict) else yaml.safe_load(inline)
         await config.load_kube_config_from_dict(data, context=context, client_configuration=configuration)
         return configuration, not _uses_exec(data, context)
+    if not path:  # nothing chosen: in a pod its ServiceAccount, as the waiting path's KubernetesHook
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:  # not in a pod: the default kubeconfig
+            path = None
+        else:
+            return use_token_file(configuration), True
     if path is None:
         existing = [p for p in map(os.path.expanduser, default_location.split(os.pathsep)) if p]
         existing = [p for p in existing if os.path.exists(p)]

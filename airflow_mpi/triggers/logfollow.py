@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from airflow_mpi.backends.k8s_errors import CONNECT_TIMEOUT, ApiRequest, api_status, explain, is_refusal
+from airflow_mpi.backends.token_file import renewed_since, token_generation
 from airflow_mpi.observe.cursor import LogCursor, TimestampedLogSplitter, followed_log_call
 from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
 from airflow_mpi.observe.master_output import MasterOutput
@@ -197,6 +198,7 @@ class MasterLogFollower:
                 await self._wait_for_end(0.2)
                 continue
             since = self.cursor.resume()
+            token = token_generation(self.api_client)
             try:
                 response = await self._open(since, pod)
             except asyncio.CancelledError:
@@ -207,6 +209,8 @@ class MasterLogFollower:
                     continue  # gone from the watch, or replaced by a newer pod of its controller
                 if status in (400, 404) and self.master_ended.is_set():
                     break  # ended without a log to read: the pod watch says why
+                if renewed_since(self.api_client, token):
+                    continue  # sent with the token the kubelet has since replaced: open it again
                 if is_refusal(error) and status not in (400, 404):  # as the waiting path: the job fails
                     request = ApiRequest("get", "pods/log", self.namespace, self.master)
                     self.refused = explain(error, request, str(self.api_client.configuration.host))

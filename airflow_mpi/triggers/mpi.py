@@ -37,6 +37,7 @@ from airflow_mpi.backends.k8s_errors import (
     explain,
     is_refusal,
 )
+from airflow_mpi.backends.token_file import renewed_since, token_generation
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome, WaitContract
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.manifests import log_lease_name
@@ -185,7 +186,9 @@ class MPIJobTrigger(BaseTrigger):
         since = time.monotonic()
         try:
             async with asyncio.timeout(limit):
-                refused = await refused_permissions(api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1))
+                refused = await refused_permissions(
+                    api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1), self.contract.kubernetes_conn_id
+                )
         except TimeoutError:
             if limit < self.contract.api_timeout:
                 return None
@@ -350,6 +353,7 @@ class MPIJobTrigger(BaseTrigger):
             if outcome is not None:
                 return outcome
             bound = asyncio.timeout(max(0.0, min(self._wake() - time.time(), silence.left(since))))
+            token = token_generation(api_client)
             try:
                 async with bound:
                     outcome = await watch_round()
@@ -359,7 +363,7 @@ class MPIJobTrigger(BaseTrigger):
                 if bound.expired():
                     continue  # the top of the loop says which bound it was
                 silence.failed(error)
-                if is_refusal(error):
+                if is_refusal(error) and not renewed_since(api_client, token):
                     request = ApiRequest(verb, "pods", self.namespace)
                     return events.api_refused(explain(error, request, silence.api_url))
                 self.log.warning("watching job %s: %s; retrying", self.job_name, error)

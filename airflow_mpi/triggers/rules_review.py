@@ -17,11 +17,12 @@ from airflow_mpi.triggers.api_client import raise_for_status
 
 
 async def refused_permissions(
-    api_client: Any, namespace: str, needed: Sequence[Permission], request_timeout: Any
+    api_client: Any, namespace: str, needed: Sequence[Permission], request_timeout: Any, connection: str | None = None
 ) -> str | None:
-    """The error naming what the credentials of ``api_client`` lack of ``needed`` in
-    ``namespace``; None when nothing is missing, or the server cannot tell in advance (an
-    incomplete answer, a review not allowed or not served: the requests themselves will say)."""
+    """The error naming what the credentials of ``api_client`` (those of Kubernetes connection
+    ``connection``) lack of ``needed`` in ``namespace``; None when nothing is missing, or the
+    server cannot tell in advance (an incomplete answer, a review not allowed or not served: the
+    requests themselves will say)."""
     from kubernetes_asyncio.client import AuthorizationV1Api
 
     review: Any = {
@@ -40,7 +41,7 @@ async def refused_permissions(
     if not missing or status.get("incomplete"):
         return None
     user = await _whoami(api_client, request_timeout)
-    return render_missing(missing, namespace, RBAC_DOC, user=user, component="triggerer")
+    return render_missing(missing, namespace, RBAC_DOC, user=user, component="triggerer", connection=connection)
 
 
 async def _whoami(api_client: Any, request_timeout: Any) -> str | None:

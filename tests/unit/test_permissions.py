@@ -161,6 +161,19 @@ def test_the_message_names_who_lacks_the_verb_and_which_role() -> None:
     )
     assert "checked before the trigger followed the job" in message
     assert "add `update` on `leases` to the triggerer's Role bound to it" in message
+    # The name a RoleBinding's subject and `kubectl auth can-i --as` take, with the group of the resource.
+    assert (
+        "(then `kubectl auth can-i update leases.coordination.k8s.io -n training "
+        "--as system:serviceaccount:airflow:airflow-triggerer` says yes)"
+    ) in message
+
+
+def test_credentials_the_server_does_not_name_are_named_by_their_connection() -> None:
+    message = render_missing(
+        [Permission("", "pods", "create")], "training", "docs/guides/rbac.md", connection="kube_in"
+    )
+    assert message.startswith("the credentials of Kubernetes connection 'kube_in' cannot `create` `pods` in namespace")
+    assert "kubectl auth can-i" not in message
 
 
 @pytest.mark.parametrize(
@@ -173,3 +186,4 @@ def test_the_message_names_who_lacks_the_verb_and_which_role() -> None:
 )
 def test_who_the_credentials_are_in_words(user: str | None, words: str) -> None:
     assert describe_user(user) == words
+    assert describe_user(user, "kube_in") == (words if user else "the credentials of Kubernetes connection 'kube_in'")
