@@ -342,7 +342,10 @@ def _prepare_dirs(root: Path) -> None:
     the logs (the Airflow user's, group root as in the chart), the training data (written by task
     pods as the Airflow user and read by the jobs' pods as root)."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "postgres").mkdir(mode=0o700, exist_ok=True)
+    # The entrypoint, as root, makes its PGDATA below this mount and hands it to the postgres
+    # user, who must then be able to pass through: the mount's own mode is 0755, as a fresh volume's.
+    (root / "postgres").mkdir(exist_ok=True)
+    (root / "postgres").chmod(0o755)
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     os.chown(logs, AIRFLOW_UID, 0)
