@@ -20,15 +20,16 @@ import sys
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One direction, until its end; the end is passed on as a half-close, so the other
+    direction still carries the answer."""
     try:
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
     except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+        writer.close()  # one side is gone: so is the connection, both ways
 
 
 async def serve(listen: tuple[str, int], target: tuple[str, int]) -> None:
@@ -38,7 +39,12 @@ async def serve(listen: tuple[str, int], target: tuple[str, int]) -> None:
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(_pipe(client_reader, upstream_writer), _pipe(upstream_reader, client_writer))
+        try:
+            await asyncio.gather(_pipe(client_reader, upstream_writer), _pipe(upstream_reader, client_writer))
+        finally:
+            for writer in (upstream_writer, client_writer):
+                with contextlib.suppress(Exception):
+                    writer.close()
 
     server = await asyncio.start_server(relay, *listen, reuse_address=True)
     print(f"relaying {listen[0]}:{listen[1]} -> {target[0]}:{target[1]}", flush=True)
