@@ -455,10 +455,13 @@ def deploy(cluster: Any, dags: Path, log=print, values: Values | None = None) ->
     if not archives:
         raise RuntimeError("the Airflow and PostgreSQL images are not built: run `make airflow-image`")
     values = values or default_values(cluster, dags)
+    api = KubeApi(cluster.kubeconfig)
+    for namespace in (values.namespace, values.training):
+        if api.get_or_none(f"/api/v1/namespaces/{namespace}"):
+            raise RuntimeError(f"namespace {namespace} exists: a deployment is there already (remove it first)")
     deployment = AirflowDeployment("", values.admin_user, values.admin_password, cluster, values,
                                    values.namespace, values.training)  # fmt: skip
     started = time.monotonic()
-    api = KubeApi(cluster.kubeconfig)
     try:
         names = {"airflow": values.airflow_image, "postgres": values.postgres_image}
         deployment.timings["image import"] = import_images(cluster, archives, names, log)

@@ -292,9 +292,9 @@ def supervise(nodes: int) -> int:
         cluster.controller(name)
     shutil.copy(cluster.kubeconfig, CHECKOUT_STATE / "kubeconfig")
     # What `airflow-up`, another process, needs to reach this cluster's Nodes and volumes.
-    nodes = [{"index": n.index, "name": n.name, "address": n.address, "workdir": str(n.workdir), "state": str(n.state)}
-             for n in (cluster.real.nodes if cluster.real else [])]  # fmt: skip
-    (CHECKOUT_STATE / "cluster.json").write_text(json.dumps({"workdir": str(cluster.workdir), "nodes": nodes}))
+    real = [{"index": n.index, "name": n.name, "address": n.address, "workdir": str(n.workdir), "state": str(n.state)}
+            for n in (cluster.real.nodes if cluster.real else [])]  # fmt: skip
+    (CHECKOUT_STATE / "cluster.json").write_text(json.dumps({"workdir": str(cluster.workdir), "nodes": real}))
     (CHECKOUT_STATE / "ready").write_text(
         f"cluster up in {time.monotonic() - started:.1f} s: {nodes} {'real ' if images else ''}Nodes Ready; "
         f"{', '.join(CONTROLLERS)} running\n"
