@@ -76,3 +76,26 @@ def test_no_pod_mounts_an_administrator_credential(airflow: AirflowDeployment) -
             refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
                     if "secretKeyRef" in e.get("valueFrom", {})}  # fmt: skip
             assert refs <= {"airflow-secrets"}, name
+
+
+IN_CLUSTER_LIST = """
+import sys
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+config.load_incluster_config()
+api = client.CoreV1Api()
+print("airflow pods:", len(api.list_namespaced_pod("airflow").items))
+try:
+    api.list_namespaced_secret("training")
+except ApiException as error:
+    print("training secrets:", error.status)
+"""
+
+
+def test_the_scheduler_reaches_the_apiserver_with_its_own_identity(airflow: AirflowDeployment) -> None:
+    """In-cluster configuration (the `kubernetes` Service, the projected token) as KubernetesExecutor
+    uses it: the scheduler lists its task pods' namespace, and nothing of the jobs' namespace."""
+    code, output = airflow.exec("scheduler", ["python", "-c", IN_CLUSTER_LIST])
+    assert code == 0, output
+    assert "airflow pods:" in output
+    assert "training secrets: 403" in output

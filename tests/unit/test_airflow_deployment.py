@@ -1,5 +1,5 @@
 """The in-cluster Airflow deployment's manifests (deploy/airflow/, rendered by
-tests/cluster/airflow.py): valid for the Kubernetes schema, the chart's layout, short-lived
+tests/cluster/airflow_manifests.py): valid for the Kubernetes schema, the chart's layout, short-lived
 projected tokens, no administrator credential, and the pages' own objects and commands."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.cluster import airflow
+from tests.cluster import airflow_manifests as airflow
 from tests.documented import documented_manifests
 
 VALUES = airflow.Values(
