@@ -99,6 +99,21 @@ class AirflowDeployment:
         """A REST API token of the admin user (``POST /auth/token``)."""
         return api_token(self.url, self.user, self.password)
 
+    def set_env(self, changes: dict[str, str | None], timeout: float = 180) -> None:
+        """Change the components' environment (the ``airflow-env`` ConfigMap; None removes a
+        variable), as a user changes the chart's ``env``: task pods started from now on have it,
+        and the dag-processor is restarted to parse the DAGs with it. E.g.
+        ``{"MPI_DEMO_DEFERRABLE": "1"}`` makes the example DAG wait in the triggerer."""
+        api = self.api()
+        api.patch(f"/api/v1/namespaces/{self.namespace}/configmaps/airflow-env", {"data": changes},
+                  kind="merge-patch")  # fmt: skip
+        before = set(self.pods("dag-processor"))
+        for pod in before:
+            api.delete(f"/api/v1/namespaces/{self.namespace}/pods/{pod}")
+        _wait("the dag-processor restarted and Ready",
+              lambda: _ready_pods(api, self.namespace, "dag-processor") == 1 and not before & set(self.pods("dag-processor")),
+              timeout)  # fmt: skip
+
 
 def pod_exec(kubeconfig: Path, namespace: str, pod: str, argv: list[str], timeout: float) -> tuple[int, str]:
     from kubernetes import client, config

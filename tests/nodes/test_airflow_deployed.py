@@ -99,3 +99,16 @@ def test_the_scheduler_reaches_the_apiserver_with_its_own_identity(airflow: Airf
     assert code == 0, output
     assert "airflow pods:" in output
     assert "training secrets: 403" in output
+
+
+def test_a_setting_of_the_charts_env_reaches_a_restarted_component(airflow: AirflowDeployment) -> None:
+    """How a test switches the example DAG to deferrable: the components' environment changed
+    as the chart's ``env`` is, then set back for the other tests."""
+    airflow.set_env({"MPI_DEMO_DEFERRABLE": "1"})
+    try:
+        code, output = airflow.exec("dag-processor", ["printenv", "MPI_DEMO_DEFERRABLE"])
+        assert (code, output.strip()) == (0, "1")
+    finally:
+        airflow.set_env({"MPI_DEMO_DEFERRABLE": None})
+    code, output = airflow.exec("dag-processor", ["printenv", "MPI_DEMO_DEFERRABLE"])
+    assert code == 1, output
