@@ -13,8 +13,10 @@ directory is the run's own, so a retry finds its own run's checkpoints and never
 Each epoch's sample order depends only on ``--seed``, the rank and the epoch, so a resumed run
 trains on what an unbroken one would have.
 
-Rank 0 writes ``model.pt`` to the data directory and prints its metrics on a line starting
-with ``AIRFLOW_MPI_RESULT`` (the operator returns them through XCom).
+Rank 0 writes the trained weights to the data directory, as ``model.pt`` (torch's format) and
+``model.npz`` (plain arrays, which a task reads with numpy alone: an Airflow worker's image need not
+carry torch), and prints its metrics on a line starting with ``AIRFLOW_MPI_RESULT`` (the operator
+returns them through XCom).
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def main() -> None:
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
         model.load_state_dict(state)
         torch.save(state, data / "model.pt")
+        np.savez(data / "model.npz", **{name: value.numpy() for name, value in state.items()})
         test = np.load(data / "test.npz")
         accuracy = evaluate(model, test["x"], test["y"])
         train_accuracy = evaluate(model, train["x"], train["y"])
@@ -137,6 +140,7 @@ def main() -> None:
             "train_seconds": round(train_seconds, 3),
             "steps_per_second": round(trained_steps / train_seconds, 2) if trained_steps else None,
             "model": str(data / "model.pt"),
+            "weights": str(data / "model.npz"),
         }
         print("AIRFLOW_MPI_RESULT " + json.dumps(result), flush=True)
     dist.barrier()

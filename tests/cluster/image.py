@@ -66,6 +66,10 @@ AIRFLOW_IMAGE = "localhost/airflow-mpi-airflow:dev"
 POSTGRES_IMAGE = "localhost/airflow-mpi-postgres:15"
 AIRFLOW_BASE_DOCKERFILE = "docker/airflow/base.Dockerfile"
 AIRFLOW_DOCKERFILE = "docker/airflow/Dockerfile"
+# What the example DAG's own Python tasks import (preprocess: scikit-learn's digits; evaluate:
+# numpy): they run in the Airflow workers, so the deployment's image has them, as a user's has
+# their DAGs' (the recipe's DAG_PACKAGES).
+EXAMPLE_DAG_PACKAGES = "numpy<3 scikit-learn==1.9.1"
 POSTGRES_INPUTS = ("docker/postgres/Dockerfile", "docker/postgres/postgres-entrypoint")
 # What the wheel is built from (README.md too, but only as its description: it does not rebuild).
 WHEEL_INPUTS = ("airflow_mpi", "pyproject.toml", "MANIFEST.in")
@@ -238,7 +242,9 @@ def _wheel_sources() -> list[str]:
 
 def airflow_key() -> str:
     sources = [part for name in _wheel_sources() for part in (name.encode(), (REPO / name).read_bytes())]
-    return _digest([airflow_base_key().encode(), (REPO / AIRFLOW_DOCKERFILE).read_bytes(), *sources])
+    return _digest(
+        [airflow_base_key().encode(), (REPO / AIRFLOW_DOCKERFILE).read_bytes(), EXAMPLE_DAG_PACKAGES.encode(), *sources]
+    )
 
 
 def postgres_key() -> str:
@@ -309,6 +315,7 @@ def build_airflow(log=print, force: bool = False) -> Built:
         buildah("pull", "--quiet", f"docker-archive:{base.archive}")
         buildah("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--layers=false",
                 "--build-arg", f"AIRFLOW_IMAGE={AIRFLOW_BASE_IMAGE}",
+                "--build-arg", f"DAG_PACKAGES={EXAMPLE_DAG_PACKAGES}",
                 "-f", str(REPO / AIRFLOW_DOCKERFILE), "-t", AIRFLOW_IMAGE, str(wheel.parent))  # fmt: skip
         buildah.save(AIRFLOW_IMAGE, archive)
     finally:
