@@ -13,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down image node-system
+.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down airflow-up image node-system
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -105,8 +105,12 @@ image: setup cluster-build node-system ## build the training image (and its Debi
 cluster-up: setup cluster-build image ## start the real control plane, 3 real Nodes (kubelet, containerd), mpi-operator, Volcano and Kueue; KUBECONFIG=.cluster/kubeconfig
 	@PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster up
 
-cluster-down: ## stop the cluster `make cluster-up` started and remove what it made
+cluster-down: ## stop the cluster `make cluster-up` started and remove what it made (Airflow's deployment too)
 	@PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster down
+
+DAGS ?= $(CURDIR)/dags
+airflow-up: ## deploy Airflow into the running cluster (after cluster-up): make airflow-up DAGS=<folder>; login in .cluster/airflow.env
+	@PYTHONPATH=$(CURDIR) $(PY) -m tests.cluster airflow-up "$(DAGS)"
 
 faults: setup ## the fault tests, then one table (FAULTS_PAGE=1: onto docs/guides/troubleshooting.md too)
 	@rows=$$(mktemp); AIRFLOW_MPI_FAULT_ROWS=$$rows AIRFLOW_MPI_REQUIRE_INTEGRATION=1 \

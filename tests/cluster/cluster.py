@@ -1,6 +1,7 @@
 """The whole test cluster: the control plane, the node agent's Nodes, and (on request) the
 real controllers. ``python -m tests.cluster up|down|status`` runs it for a user (``make
-cluster-up``); the pytest fixtures in tests/cluster/conftest.py run one per test session.
+cluster-up``), ``airflow-up [DAGS]`` deploys Airflow into it (tests/cluster/airflow.py, ``make
+airflow-up``); the pytest fixtures in tests/cluster/conftest.py run one per test session.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +291,10 @@ def supervise(nodes: int) -> int:
     for name in CONTROLLERS:
         cluster.controller(name)
     shutil.copy(cluster.kubeconfig, CHECKOUT_STATE / "kubeconfig")
+    # What `airflow-up`, another process, needs to reach this cluster's Nodes and volumes.
+    nodes = [{"index": n.index, "name": n.name, "address": n.address, "workdir": str(n.workdir), "state": str(n.state)}
+             for n in (cluster.real.nodes if cluster.real else [])]  # fmt: skip
+    (CHECKOUT_STATE / "cluster.json").write_text(json.dumps({"workdir": str(cluster.workdir), "nodes": nodes}))
     (CHECKOUT_STATE / "ready").write_text(
         f"cluster up in {time.monotonic() - started:.1f} s: {nodes} {'real ' if images else ''}Nodes Ready; "
         f"{', '.join(CONTROLLERS)} running\n"
@@ -299,6 +305,52 @@ def supervise(nodes: int) -> int:
             time.sleep(0.5)
     finally:
         cluster.stop()
+    return 0
+
+
+@dataclass
+class Attached:
+    """The cluster a supervisor runs, as another process reaches it: its admin kubeconfig, its
+    working directory and its real Nodes (their containerd sockets)."""
+
+    workdir: Path
+    kubeconfig: Path
+    real: Any
+
+    def api(self) -> KubeApi:
+        return KubeApi(self.kubeconfig)
+
+
+def attach() -> Attached:
+    from types import SimpleNamespace
+
+    from tests.cluster.nodes import Node
+
+    state = json.loads((CHECKOUT_STATE / "cluster.json").read_text())
+    nodes = [Node(n["index"], n["name"], n["address"], Path(n["workdir"]), Path(n["state"])) for n in state["nodes"]]
+    return Attached(Path(state["workdir"]), CHECKOUT_STATE / "kubeconfig", SimpleNamespace(nodes=nodes))
+
+
+def airflow_up(dags: Path) -> int:
+    """Deploy Airflow into the running cluster (`make airflow-up DAGS=...`); write
+    .cluster/airflow.env with its URL and admin login. `down` removes it with the cluster."""
+    from tests.cluster import airflow
+
+    if not (CHECKOUT_STATE / "ready").exists():
+        print("the cluster is down: run `make cluster-up` first", file=sys.stderr)
+        return 1
+    cluster = attach()
+    if not cluster.real.nodes:
+        print("Airflow runs on real Nodes: this cluster runs the node agent (build them: `make cluster-build image`)",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    deployment = airflow.deploy(cluster, dags, log=lambda m: print(m, flush=True))
+    env = CHECKOUT_STATE / "airflow.env"
+    env.write_text(
+        f"AIRFLOW_URL={deployment.url}\nAIRFLOW_USER={deployment.user}\nAIRFLOW_PASSWORD={deployment.password}\n"
+    )
+    env.chmod(0o600)
+    print(f"Airflow up in {deployment.timings['up']:.0f} s at {deployment.url} (DAGs: {dags}); login in {env}")
     return 0
 
 
@@ -330,6 +382,8 @@ def main(argv: list[str]) -> int:
         return up(int(argv[1]) if len(argv) > 1 else 3)
     if command == "supervise":
         return supervise(int(argv[1]))
+    if command == "airflow-up":
+        return airflow_up(Path(argv[1]) if len(argv) > 1 else REPO / "dags")
     if command == "down":
         return down()
     ready = CHECKOUT_STATE / "ready"

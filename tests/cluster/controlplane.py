@@ -266,6 +266,10 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self.sa.cert}",
             f"--service-account-signing-key-file={self.sa.key}",
+            # A pod's projected token lives as long as it asked (600 s at least), never the
+            # year the apiserver otherwise grants the kubelet's default tokens: the kubelet must
+            # rotate it, and a test of a long job sees that happen.
+            "--service-account-extend-token-expiration=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",  # PodSecurity is on by default

@@ -4,7 +4,8 @@ Debian's runc), the CNI reference plugins with a pod subnet of its own; one kube
 (tests/cluster/build.py); the images come from tests/cluster/image.py.
 
 The layout, all of it made here and removed by ``stop``:
-- a port-less bridge ``amnode0`` (this kernel has no dummy links) holding each Node's address (10.201.0.<i+1>) and CoreDNS's (10.201.0.53);
+- a port-less bridge ``amnode0`` (this kernel has no dummy links) holding each Node's address (10.201.0.<i+1>), CoreDNS's (10.201.0.53)
+  and the apiserver relay's (10.201.0.254: the ``kubernetes`` Service's endpoint, so pods reach the apiserver);
 - per Node a bridge ``amnbr<i>`` (made by the CNI bridge plugin) for pod subnet 10.244.<i>.0/24;
   pods of different Nodes reach each other through the host's routes, as nodes on one L3 network;
 - per Node a cgroup ``/airflow-mpi-node-<i>`` in each cgroup v1 hierarchy (the kubelet's cgroupRoot);
@@ -30,6 +31,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,9 @@ DUMMY_LINK = "amnode0"
 BRIDGE_PREFIX = "amnbr"
 NODE_NET = "10.201.0"
 DNS_ADDRESS = f"{NODE_NET}.53"
+# Where pods reach the apiserver: the ``kubernetes`` Service's endpoint, a relay to loopback
+# (tests/cluster/apiserver_relay.py).
+APISERVER_RELAY = (f"{NODE_NET}.254", 6443)
 CLUSTER_DNS_IP = "10.0.0.10"  # the kube-dns Service's ClusterIP, in the control plane's service range
 POD_CIDR = "10.244.0.0/16"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -342,6 +347,7 @@ class RealNodes:
             store, self.timings["image import"] = image_store(self.images, self.workdir, self.log)
             self._host_network()
             self._start_coredns()
+            self._start_apiserver_relay()
             for node in self.nodes:
                 self._start_containerd(node, store)
             for node in self.nodes:
@@ -392,7 +398,7 @@ class RealNodes:
         if not Path(f"/sys/class/net/{DUMMY_LINK}").exists():
             _sh("ip", "link", "add", DUMMY_LINK, "type", "bridge")  # no dummy module in this kernel
             self._made_dummy = True
-        for address in [n.address for n in self.nodes] + [DNS_ADDRESS]:
+        for address in [n.address for n in self.nodes] + [DNS_ADDRESS, APISERVER_RELAY[0]]:
             _sh("ip", "addr", "replace", f"{address}/32", "dev", DUMMY_LINK)
         _sh("ip", "link", "set", DUMMY_LINK, "up")
 
@@ -415,6 +421,19 @@ class RealNodes:
             return False
 
         wait_for("CoreDNS", answers, 60, process)
+
+    def _start_apiserver_relay(self) -> None:
+        host, port = APISERVER_RELAY
+        target = self.plane.server.removeprefix("https://").rsplit(":", 1)
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        process = self._spawn("apiserver-relay", [sys.executable, "-m", "tests.cluster.apiserver_relay", host,
+                                                  str(port), target[0], target[1]], env=env)  # fmt: skip
+
+        def listening() -> bool:
+            with socket.create_connection((host, port), timeout=1):
+                return True
+
+        wait_for("the apiserver relay", listening, 30, process)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         process = Process(name, argv, self.workdir / "logs" / f"{name}.log", env=env)
@@ -574,6 +593,16 @@ class RealNodes:
             "addressType": "IPv4",
             "endpoints": [{"addresses": [DNS_ADDRESS], "conditions": {"ready": True}}],
             "ports": ports,
+        })  # fmt: skip
+        # The apiserver reconciles no endpoints (it advertises loopback): the ``kubernetes``
+        # Service's endpoint is the relay, as a load balancer in front of the apiservers would be.
+        api.apply_object("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices", {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "kubernetes-relay", "labels": {
+                "kubernetes.io/service-name": "kubernetes", "endpointslice.kubernetes.io/managed-by": "airflow-mpi-tests"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [APISERVER_RELAY[0]], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": APISERVER_RELAY[1], "protocol": "TCP"}],
         })  # fmt: skip
 
     def _remove_pods(self, node: Node) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.cluster import Cluster, built
+from tests.cluster.airflow import AirflowDeployment
+from tests.cluster.cluster import REPO, Cluster, built
 from tests.cluster.conftest import _required, job_objects
 from tests.cluster.controlplane import wait_for
 
@@ -61,6 +62,28 @@ def cluster() -> Iterator[Cluster]:
     after = host_state()
     assert {k: v for k, v in after.items() if before[k] != v} == {}, "the Nodes left something on the host"
     assert not node_processes(), f"leaked in a Node's containers: {node_processes()}"
+
+
+@pytest.fixture(scope="package")
+def airflow(cluster: Cluster) -> Iterator[AirflowDeployment]:
+    """Airflow deployed in the cluster as users deploy it (tests/cluster/airflow.py), with the
+    repository's dags/ as its DAGs folder; removed at the end, nothing of it left behind."""
+    from tests.cluster import airflow as deployment
+    from tests.cluster import image
+
+    if not image.airflow_archives():
+        how = "the in-cluster Airflow needs its images: `make airflow-image`"
+        if _required():
+            pytest.fail(how)
+        pytest.skip(how)
+    deployed = deployment.deploy(cluster, REPO / "dags")
+    try:
+        yield deployed
+    finally:
+        deployment.undeploy(deployed)
+    with contextlib.suppress(TimeoutError):  # the assertion below says what is left
+        wait_for("Airflow's pods stopped on every Node", lambda: not pods_of(cluster, deployed.namespace), 60)
+    assert not pods_of(cluster, deployed.namespace), f"Airflow's pods still up: {pods_of(cluster, deployed.namespace)}"
 
 
 @pytest.fixture
