@@ -40,12 +40,13 @@ import yaml
 from tests.airflow_rest import FINISHED_TASK, AirflowREST, LogFollow
 from tests.cluster.cluster import REPO
 from tests.cluster.conftest import CORE_LEFT, objects_left
+from tests.cluster.image import TRAIN_IMAGE
 from tests.cluster.kubeapi import KubeApi
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 EXAMPLE = "mpi_training_pipeline"
-LINES_DAG, SMALLEST_DAG, CHECKS_DAG = "mpi_lines", "mpi_smallest", "mpi_walkthrough_checks"
+LINES_DAG, SMALLEST_DAG = "mpi_lines", "mpi_smallest"
 RBAC_PAGE = REPO / "docs" / "guides" / "rbac.md"
 TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # Longer than the ServiceAccount tokens' 10 minutes (the kubelet renews them at 8): the long job.
@@ -64,7 +65,7 @@ EPOCH_LINE = re.compile(r"<stdout>:epoch \d+/")  # the example's training
 def client(airflow: Any) -> AirflowREST:
     """The REST API as the deployment's admin, once every DAG this module runs is parsed."""
     rest = AirflowREST(airflow.url, airflow.user, airflow.password)
-    for dag_id in (EXAMPLE, LINES_DAG, SMALLEST_DAG, CHECKS_DAG):
+    for dag_id in (EXAMPLE, LINES_DAG, SMALLEST_DAG):
         wait(f"DAG {dag_id} in the deployment (its DAGs folder holds dags/ and tests/nodes/dags/)",
              lambda d=dag_id: rest.dag(d), 240, rest)  # fmt: skip
         rest.unpause(dag_id)
@@ -233,8 +234,28 @@ class Followed:
 def follow_try(client: AirflowREST, dag_id: str, run_id: str, pattern: re.Pattern[str], every: float = 3.0,
                timeout: float = 1800) -> Followed:  # fmt: skip
     """Follow the train task's first try's log from when it runs (the endpoint has nothing before)."""
-    client.wait_task(dag_id, run_id, "train", {"running", "deferred", *FINISHED_TASK}, 600)
+    wait_started(client, dag_id, run_id)
     return Followed(client.follow_log(dag_id, run_id, "train", 1), pattern).start(every, timeout)
+
+
+def wait_started(client: AirflowREST, dag_id: str, run_id: str, task_id: str = "train", timeout: float = 600) -> None:
+    """Until the task runs (or is deferred); a run that fails first says why (its tasks' logs)."""
+
+    def started() -> bool:
+        states = client.task_states(dag_id, run_id)
+        if states.get(task_id) in ("running", "deferred"):
+            return True
+        if states.get(task_id) in FINISHED_TASK or "failed" in states.values():
+            raise AssertionError(f"{dag_id} {run_id} ended before {task_id} ran: {states}\n"
+                                 + run_failure(client, dag_id, run_id))  # fmt: skip
+        return False
+
+    deadline = time.monotonic() + timeout
+    while not started():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{dag_id} {run_id}: {task_id} not running within {timeout:.0f} s: "
+                               f"{client.task_states(dag_id, run_id)}")  # fmt: skip
+        time.sleep(2)
 
 
 def run_failure(client: AirflowREST, dag_id: str, run_id: str) -> str:
@@ -250,7 +271,7 @@ def run_failure(client: AirflowREST, dag_id: str, run_id: str) -> str:
 # ---- a. the walkthrough, step by step -----------------------------------------------------------
 
 
-def test_the_walkthrough_step_by_step(airflow: Any, client: AirflowREST) -> None:
+def test_the_walkthrough_step_by_step(airflow: Any) -> None:
     # 1. The provider in Airflow's image: `airflow providers list` shows it, in every component.
     for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
         code, output = airflow.exec(component, ["airflow", "providers", "list"])
@@ -275,14 +296,41 @@ def test_the_walkthrough_step_by_step(airflow: Any, client: AirflowREST) -> None
     code, output = airflow.exec("triggerer", ["airflow", "connections", "test", "mpi_default"])
     assert code == 0 and "Connection success" in output, output[-2000:]
 
-    # 4 and 5 with the workers' identity, as a task: the connection test, then
-    # `airflow-mpi doctor --image` (a pod of the training image in training, then removed).
-    run_id = client.trigger(CHECKS_DAG)
-    state = client.wait_run(CHECKS_DAG, run_id, 600)
-    assert state == "success", run_failure(client, CHECKS_DAG, run_id)
-    assert "Connection success" in client.log_text(CHECKS_DAG, run_id, "connections_test", 1)
-    doctor = client.log_text(CHECKS_DAG, run_id, "doctor", 1)
-    assert "checks on" in doctor and "missing:" not in doctor, doctor[-3000:]
+    # 4 and 5 with the workers' identity, in a pod of the executor's pod template (a task pod's
+    # ServiceAccount and settings): the connection test, then `airflow-mpi doctor --image` (a pod
+    # of the training image in training, then removed). A task itself cannot run them: Airflow
+    # gives a task's processes no database, where the connections are.
+    code, output = run_as_worker(airflow, [
+        "bash", "-c", "airflow connections test mpi_default && airflow-mpi doctor --image " + TRAIN_IMAGE
+        + " --kubernetes-conn-id kubernetes_default --namespace " + airflow.training])  # fmt: skip
+    assert code == 0 and "Connection success" in output, output[-3000:]
+    assert "checks on" in output and "missing:" not in output, output[-3000:]
+
+
+def run_as_worker(airflow: Any, argv: list[str], timeout: float = 300) -> tuple[int, str]:
+    """``argv`` in a pod made from the KubernetesExecutor's pod template (as the scheduler reads
+    it), so with the identity and settings of the task pods: its exit code and output."""
+    code, text = airflow.exec("scheduler", ["bash", "-c", 'cat "$AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE"'])
+    assert code == 0, text
+    pod = yaml.safe_load(text)
+    name = f"walkthrough-{uuid.uuid4().hex[:8]}"
+    pod["metadata"] = {"name": name, "namespace": airflow.namespace, "labels": {"component": "walkthrough-check"}}
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["spec"]["containers"][0]["command"] = argv
+    api = airflow.cluster.api()
+    path = f"/api/v1/namespaces/{airflow.namespace}/pods"
+    api.create(path, pod)
+    try:
+        ended = wait_plain(
+            f"{name} ended",
+            lambda: (p := api.get(f"{path}/{name}"))["status"].get("phase") in ("Succeeded", "Failed") and p,
+            timeout,
+        )
+        (status,) = ended["status"]["containerStatuses"]
+        return int(status["state"]["terminated"]["exitCode"]), str(api.get(f"{path}/{name}/log"))
+    finally:
+        api.delete(f"{path}/{name}")
+        wait_plain(f"{name} gone", lambda: api.get_or_none(f"{path}/{name}") is None, 120)
 
 
 # ---- b. the example DAG through the REST API ----------------------------------------------------
@@ -340,6 +388,7 @@ def test_a_deleted_triggerers_trigger_is_taken_over(airflow: Any, client: Airflo
     api = airflow.cluster.api()
     seconds = TAKEOVER_JOB_SECONDS
     run_id = client.trigger(LINES_DAG, {"seconds": seconds, "workers": 1, "deferrable": True})
+    wait_started(client, LINES_DAG, run_id)
     ti = client.wait_task(LINES_DAG, run_id, "train", {"deferred", *FINISHED_TASK}, 600)
     assert ti["state"] == "deferred", run_failure(client, LINES_DAG, run_id)
     # Lines shown while deferred: the trigger follows the job.
@@ -384,6 +433,7 @@ def test_a_killed_task_pods_retry_reattaches(airflow: Any, client: AirflowREST) 
     api = airflow.cluster.api()
     epochs = 120  # minutes of training: the kill comes while it runs
     run_id = client.trigger(EXAMPLE, {"deferrable": False, "epochs": epochs})
+    wait_started(client, EXAMPLE, run_id)
     ref = wait_plain("the job's name in XCom", lambda: client.xcom(EXAMPLE, run_id, "train", key="mpi_job"), 600)
     wait_plain(
         "training under way",

@@ -1,16 +1,14 @@
 """The in-cluster tests' own DAGs (tests/nodes/test_airflow_in_cluster.py), beside the example
 DAGs in the deployment's DAGs folder: a job that prints numbered lines from every rank for as
 long as a run asks (the long job across a token rotation, a triggerer deleted under it), waiting
-or deferrable as the run asks; the smallest job (a Role missing a verb fails before it); and the
-walkthrough's checks that need the workers' identity, run as a task (a task pod under the
-workers' ServiceAccount): ``airflow connections test`` and ``airflow-mpi doctor --image``."""
+or deferrable as the run asks; and the smallest job (a Role missing a verb fails before it)."""
 
 from __future__ import annotations
 
 import os
 from datetime import datetime
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param
 
 from airflow_mpi.operators.mpi import MPIJobOperator
 
@@ -77,24 +75,3 @@ with DAG("mpi_smallest", schedule=None, start_date=START, catchup=False, max_act
         },
         retries=0,
     )
-
-
-with DAG("mpi_walkthrough_checks", schedule=None, start_date=START, catchup=False, max_active_runs=1):
-
-    @task
-    def connections_test() -> None:
-        """The walkthrough's step 4 check, with the identity the tasks have."""
-        import subprocess
-
-        subprocess.run(["airflow", "connections", "test", "mpi_default"], check=True)
-
-    @task
-    def doctor() -> None:
-        """The walkthrough's step 5: the training image checked on the cluster."""
-        import subprocess
-
-        argv = ["airflow-mpi", "doctor", "--image", IMAGE, "--kubernetes-conn-id", "kubernetes_default",
-                "--namespace", "training"]  # fmt: skip
-        subprocess.run(argv, check=True)
-
-    connections_test() >> doctor()
