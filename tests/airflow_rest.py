@@ -258,8 +258,13 @@ def without_sources(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def record_text(record: Mapping[str, Any]) -> str:
-    """A structured log record as one line: its ``event`` (what was said)."""
-    return str(record.get("event", ""))
+    """A structured log record as text: its ``event`` (what was said), and for a failure the
+    exception Airflow keeps beside it (``error_detail``: type and message, no frames)."""
+    text = str(record.get("event", ""))
+    for error in record.get("error_detail") or []:
+        if isinstance(error, Mapping):
+            text += f"\n{error.get('exc_type', '')}: {error.get('exc_value', '')}"
+    return text
 
 
 def q(part: str) -> str:

@@ -504,11 +504,16 @@ def role_without(airflow: Any, request: pytest.FixtureRequest) -> Iterator[tuple
     rules = []
     for rule in role["rules"]:
         if group in rule["apiGroups"] and resource in rule["resources"]:
-            rule = dict(rule, verbs=[v for v in rule["verbs"] if v != verb])
+            # The rule's other resources keep every verb; this one loses one.
+            others = [r for r in rule["resources"] if r != resource]
+            rules += [dict(rule, resources=others)] if others else []
+            rule = dict(rule, resources=[resource], verbs=[v for v in rule["verbs"] if v != verb])
         if rule["verbs"]:
             rules.append(rule)
     api.request("PUT", f"{path}/airflow-mpi-worker", dict(role, rules=rules))
     wait_plain("the verb gone", lambda: not can_i(api, "airflow-worker", verb, group, resource, airflow.training), 30)
+    others = [v for v in WORKER_VERBS if v != (group, resource, verb)]
+    assert all(can_i(api, "airflow-worker", v, g, r, airflow.training) for g, r, v in others), "more than one verb gone"
     try:
         yield group, resource, verb
     finally:
