@@ -10,6 +10,8 @@ Airflow workers' environment ``MPI_DEMO_IMAGE`` (that image), ``MPI_DEMO_SCRIPT`
 path in it: ``/app/train_digits.py``), ``MPI_DEMO_DATA`` (where the data lives, e.g. ``/data``)
 and ``MPI_DEMO_PVC`` (the PersistentVolumeClaim mounted there, in the pods and the Airflow
 workers; without it, a hostPath of that directory): the DAG itself does not change.
+``MPI_DEMO_DEFERRABLE=1`` makes waiting in the triggerer the default; a run chooses for itself
+with its ``deferrable`` param (its conf, or the trigger form).
 Each run works in its own data directory, so retraining, backfills and two runs at once never
 share files. Training saves a checkpoint there every epoch; a retry (a lost worker, a preempted
 node) resumes from the newest one instead of starting over.
@@ -34,9 +36,17 @@ DATA_VOLUME = {"name": "data", "mount_path": DATA_ROOT}
 DATA_VOLUME.update({"persistent_volume_claim": DATA_CLAIM} if DATA_CLAIM else {"host_path": DATA_ROOT})
 IMAGE = os.environ.get("MPI_DEMO_IMAGE", "airflow-mpi/train:0.1")
 TRAIN_SCRIPT = os.environ.get("MPI_DEMO_SCRIPT", str(Path(__file__).parent / "scripts" / "train_digits.py"))
-# On Kubernetes, MPI_DEMO_DEFERRABLE=1 waits in the triggerer instead of a worker slot.
+# On Kubernetes, MPI_DEMO_DEFERRABLE=1 waits in the triggerer instead of a worker slot: the default
+# of the ``deferrable`` param, which a run may set otherwise (its conf, or the trigger form).
 DEFERRABLE = os.environ.get("MPI_DEMO_DEFERRABLE") == "1"
 MIN_ACCURACY = 0.85
+
+
+def wait_as_the_run_asks(context) -> None:  # type: ignore[no-untyped-def]
+    """The run's ``deferrable`` param picks where ``train`` waits (read when the task starts and
+    when it resumes from the triggerer, so both see the same choice)."""
+    context["task"].deferrable = bool(context["params"]["deferrable"])
+
 
 with DAG(
     dag_id="mpi_training_pipeline",
@@ -51,6 +61,9 @@ with DAG(
         "epochs": Param(12, type="integer", minimum=1, description="training epochs"),
         "zero_stage": Param(2, type="integer", minimum=0, maximum=3, description="DeepSpeed ZeRO stage"),
         "workers": Param(2, type="integer", minimum=0, maximum=16, description="worker pods (1 rank each)"),
+        "deferrable": Param(
+            DEFERRABLE, type="boolean", description="wait for the job in the triggerer, not a worker slot (Kubernetes)"
+        ),
     },
 ) as dag:
 
@@ -100,6 +113,7 @@ with DAG(
             "pod": {"volumes": [DATA_VOLUME]},
         },
         deferrable=DEFERRABLE,
+        pre_execute=wait_as_the_run_asks,
         # A retry is a new job on the same run directory: it resumes from the newest checkpoint.
         retries=1,
         retry_delay=timedelta(seconds=10),

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.airflow_rest import AirflowREST
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,6 +36,7 @@ class Airflow:
         self.home, self.env = home, env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.api = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}"
+        self.users: dict[str, str] = {}  # user -> password, where the simple auth manager asks for them
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """``env``: variables over the processes' own (e.g. a log folder of this one's)."""
@@ -84,6 +87,12 @@ class Airflow:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
+    def rest(self, user: str | None = None) -> AirflowREST:
+        """The public API's client, logged in as ``user`` (any user the processes were given when
+        None) or, where every caller is an admin, anonymous."""
+        name = user or next(iter(self.users), None)
+        return AirflowREST(self.api, name, self.users[name] if name else None)
+
     def tail(self, name: str, size: int = 3000) -> str:
         path = self.home / f"{name}.out"
         return path.read_bytes()[-size:].decode("utf-8", "replace") if path.exists() else ""
@@ -130,10 +139,13 @@ def wait_for(
 
 @contextmanager
 def airflow_processes(
-    home: Path, dags: dict[str, str], *, env: dict[str, str] | None = None, **settings: str
-) -> Iterator[Airflow]:
+    home: Path, dags: dict[str, str], *, env: dict[str, str] | None = None, users: dict[str, str] | None = None,
+    **settings: str,
+) -> Iterator[Airflow]:  # fmt: skip
     """Airflow's processes on ``home`` with ``dags`` (file name -> source) in its DAG folder;
-    ``env``: more variables (connections); ``settings``: more ``AIRFLOW__...`` variables."""
+    ``env``: more variables (connections); ``users``: admins of the simple auth manager (name ->
+    password), who must log in (without them every caller is an admin); ``settings``: more
+    ``AIRFLOW__...`` variables."""
     (home / "dags").mkdir(parents=True, exist_ok=True)
     for name, source in dags.items():
         (home / "dags" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -160,10 +172,19 @@ def airflow_processes(
         AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
         AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="4",
     )
+    if users:
+        passwords = home / "simple_auth_manager_passwords.json"
+        passwords.write_text(json.dumps(users))
+        env.update(
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="False",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=",".join(f"{name}:admin" for name in users),
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords),
+        )
     env.update(settings)  # over the defaults above
     env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"http://127.0.0.1:{env['AIRFLOW__API__PORT']}/execution/"
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
     processes = Airflow(home, env)
+    processes.users = dict(users or {})
     try:
         processes.start("api-server", "api-server", "--port", env["AIRFLOW__API__PORT"])
         processes.start("dag-processor", "dag-processor")

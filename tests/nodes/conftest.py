@@ -10,6 +10,7 @@ them; under CI (or AIRFLOW_MPI_REQUIRE_CLUSTER=1) it fails instead.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -66,8 +67,9 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="package")
 def airflow(cluster: Cluster) -> Iterator[AirflowDeployment]:
-    """Airflow deployed in the cluster as users deploy it (tests/cluster/airflow.py), with the
-    repository's dags/ as its DAGs folder; removed at the end, nothing of it left behind."""
+    """Airflow deployed in the cluster as users deploy it (tests/cluster/airflow.py), its DAGs
+    folder the repository's dags/ with the tier's own DAGs (tests/nodes/dags/) in a subfolder;
+    removed at the end, nothing of it left behind."""
     from tests.cluster import airflow as deployment
     from tests.cluster import image
 
@@ -76,11 +78,19 @@ def airflow(cluster: Cluster) -> Iterator[AirflowDeployment]:
         if _required():
             pytest.fail(how)
         pytest.skip(how)
-    deployed = deployment.deploy(cluster, REPO / "dags")
+    dags = Path(tempfile.mkdtemp(prefix="dags-", dir="/var/tmp/airflow-mpi-tests"))
+    dags.chmod(0o755)  # the Airflow image's user reads it
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "dags", dags, dirs_exist_ok=True, ignore=skip)
+    shutil.copytree(REPO / "tests" / "nodes" / "dags", dags / "tier", ignore=skip)
     try:
-        yield deployed
+        deployed = deployment.deploy(cluster, dags)
+        try:
+            yield deployed
+        finally:
+            deployment.undeploy(deployed)
     finally:
-        deployment.undeploy(deployed)
+        shutil.rmtree(dags, ignore_errors=True)
     with contextlib.suppress(TimeoutError):  # the assertion below says what is left
         wait_for("Airflow's pods stopped on every Node", lambda: not pods_of(cluster, deployed.namespace), 60)
     assert not pods_of(cluster, deployed.namespace), f"Airflow's pods still up: {pods_of(cluster, deployed.namespace)}"

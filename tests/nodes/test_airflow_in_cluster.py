@@ -1,0 +1,542 @@
+"""Airflow deployed inside the real cluster (the ``airflow`` fixture: the official chart's layout,
+KubernetesExecutor, two triggerers, PostgreSQL), driven as users drive it: through its REST API
+(tests/airflow_rest.py) and ``airflow`` commands in its pods, the provider talking to the cluster
+with the workers' and the triggerer's own ServiceAccount tokens under the Roles of
+docs/guides/rbac.md.
+
+- the walkthrough (docs/guides/kubernetes-walkthrough.md) step by step, each with its own check;
+- the example DAG through the REST API, waiting and deferrable: three ranks on three Nodes, the
+  local run's accuracy, the ``train`` log live and complete, the "MPI job" link;
+- a triggerer pod deleted under a deferred job: another triggerer takes the trigger over;
+- a task pod killed while its job trains: the retry reattaches, the job runs once;
+- a job longer than the tokens' 10-minute life, waiting and deferred at once;
+- the workers' Role without each of its verbs in turn: the task fails before creating anything.
+
+After each test nothing of a job is left in namespace ``training``. Every 3-rank job takes a
+whole core on each of the three Nodes (two cores each, Airflow's pods use some): two such jobs
+cannot run at once here, so the example's two runs go one after the other, while the long job's
+two single-rank runs go side by side.
+
+The tier's own DAGs are tests/nodes/dags/mpi_in_cluster_dags.py: the deployment's DAGs folder
+holds them beside the repository's dags/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.airflow_rest import FINISHED_TASK, AirflowREST, LogFollow
+from tests.cluster.cluster import REPO
+from tests.cluster.conftest import CORE_LEFT, objects_left
+from tests.cluster.image import TRAIN_IMAGE
+from tests.cluster.kubeapi import KubeApi
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+EXAMPLE = "mpi_training_pipeline"
+LINES_DAG, SMALLEST_DAG = "mpi_lines", "mpi_smallest"
+RBAC_PAGE = REPO / "docs" / "guides" / "rbac.md"
+TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+# Longer than the ServiceAccount tokens' 10 minutes (the kubelet renews them at 8): the long job.
+LONG_JOB_SECONDS = 750
+assert LONG_JOB_SECONDS - 120 > 600, "the long job's lines must go on past the tokens' life"
+# The job under a triggerer that is deleted: long enough for Airflow to see the triggerer gone
+# (its heartbeat older than [triggerer] triggerer_health_check_threshold) and hand the trigger on.
+TAKEOVER_JOB_SECONDS = 180
+RANK_LINE = re.compile(r"rank (\d+) line (\d{5})")  # mpi_lines' ranks
+EPOCH_LINE = re.compile(r"<stdout>:epoch \d+/")  # the example's training
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(airflow: Any) -> AirflowREST:
+    """The REST API as the deployment's admin, once every DAG this module runs is parsed."""
+    rest = AirflowREST(airflow.url, airflow.user, airflow.password)
+    for dag_id in (EXAMPLE, LINES_DAG, SMALLEST_DAG):
+        wait(f"DAG {dag_id} in the deployment (its DAGs folder holds dags/ and tests/nodes/dags/)",
+             lambda d=dag_id: rest.dag(d), 240, rest)  # fmt: skip
+        rest.unpause(dag_id)
+    return rest
+
+
+@pytest.fixture(autouse=True)
+def training_left_clean(airflow: Any) -> Iterator[None]:
+    """Nothing of any job (pods, Services, Secrets, ConfigMaps, Leases) left in ``training``."""
+    yield
+    api = airflow.cluster.api()
+    with contextlib.suppress(TimeoutError):
+        wait_plain("training empty", lambda: not objects_left(api, airflow.training, CORE_LEFT), 120)
+    assert objects_left(api, airflow.training, CORE_LEFT) == []
+
+
+@pytest.fixture(scope="module")
+def local_accuracy(dagbag: Any) -> float:
+    """The example DAG's accuracy when the local backend runs it here (dag.test())."""
+    from tests.airflow_helpers import task_states, xcom
+
+    dag_run = dagbag.get_dag(EXAMPLE).test()
+    assert set(task_states(dag_run).values()) == {"success"}, task_states(dag_run)
+    return float(xcom(dag_run, "evaluate"))
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def wait(what: str, check: Any, timeout: float, client: AirflowREST, every: float = 2.0) -> Any:
+    """``check()`` until truthy; a timeout says what Airflow's import errors are."""
+    try:
+        return wait_plain(what, check, timeout, every)
+    except TimeoutError as error:
+        with contextlib.suppress(Exception):
+            raise TimeoutError(f"{error}; import errors: {client.import_errors()}") from None
+        raise
+
+
+def wait_plain(what: str, check: Any, timeout: float, every: float = 2.0) -> Any:
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            if got := check():
+                return got
+        except Exception as error:  # not there yet
+            last = error
+        time.sleep(every)
+    raise TimeoutError(f"{what}: not within {timeout:.0f} s" + (f" (last: {last})" if last else ""))
+
+
+def documented_roles() -> dict[str, list[dict[str, Any]]]:
+    """The Roles of docs/guides/rbac.md's first blocks (name -> rules), as a user applies them."""
+    roles = {}
+    for block in re.findall(r"```yaml\n(.*?)```", RBAC_PAGE.read_text(), flags=re.S):
+        with contextlib.suppress(yaml.YAMLError):
+            doc = yaml.safe_load(block)
+            if isinstance(doc, dict) and doc.get("kind") == "Role":
+                roles[doc["metadata"]["name"]] = doc["rules"]
+    assert set(roles) == {"airflow-mpi-worker", "airflow-mpi-triggerer"}, set(roles)
+    return roles
+
+
+def verbs_of(rules: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) for every verb of ``rules``."""
+    return [(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]]  # fmt: skip
+
+
+WORKER_VERBS = verbs_of(documented_roles()["airflow-mpi-worker"])
+
+
+def can_i(api: KubeApi, account: str, verb: str, group: str, resource: str, namespace: str) -> bool:
+    """``kubectl auth can-i VERB RESOURCE -n NAMESPACE --as system:serviceaccount:airflow:ACCOUNT``,
+    asked as a SubjectAccessReview with the groups a ServiceAccount's token carries."""
+    resource, _, subresource = resource.partition("/")
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:airflow:{account}",
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:airflow", "system:authenticated"],
+            "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource,
+                                   "subresource": subresource},
+        },
+    }  # fmt: skip
+    return bool(api.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get("allowed"))
+
+
+def rank_lines(text: str) -> dict[str, list[str]]:
+    """Each rank's numbered lines, in the order shown."""
+    found: dict[str, list[str]] = {}
+    for rank, number in RANK_LINE.findall(text):
+        found.setdefault(rank, []).append(number)
+    return found
+
+
+def numbered(count: int) -> list[str]:
+    return [f"{i:05d}" for i in range(count)]
+
+
+def token_claims(text: str) -> dict[str, Any]:
+    import base64
+    import json
+
+    payload = text.strip().split(".")[1]
+    return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+
+
+def job_pods(api: KubeApi, namespace: str, job: str) -> list[dict[str, Any]]:
+    return list(api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"airflow-mpi.io/job={job}")["items"])
+
+
+def task_pod(api: KubeApi, namespace: str, dag_id: str, run_id: str, task_id: str, try_number: int) -> dict[str, Any]:
+    """The KubernetesExecutor's pod of a task try (its annotations name the try)."""
+    for pod in api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
+        notes = pod["metadata"].get("annotations") or {}
+        if (notes.get("dag_id"), notes.get("run_id"), notes.get("task_id"), notes.get("try_number")) == (
+            dag_id, run_id, task_id, str(try_number)):  # fmt: skip
+            return dict(pod)
+    raise LookupError(f"no pod of {dag_id}/{run_id}/{task_id} try {try_number} in {namespace}")
+
+
+@dataclass
+class Followed:
+    """A try's log followed through the REST API in a thread: when each poll's rank lines came."""
+
+    follow: LogFollow
+    pattern: re.Pattern[str]  # the lines that count (the job's)
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, new rank lines)
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+    def start(self, every: float, timeout: float) -> Followed:
+        def run() -> None:
+            deadline = time.monotonic() + timeout
+            try:
+                while not self.follow.ended and time.monotonic() < deadline:
+                    lines = self.follow.poll()
+                    self.arrivals.append((time.monotonic(), sum(bool(self.pattern.search(line)) for line in lines)))
+                    time.sleep(every)
+            except BaseException as error:
+                self.error = error
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the log follower did not end"
+        if self.error is not None:
+            raise self.error
+
+    def live_polls(self) -> int:
+        """How many polls before the last brought the job's lines (the last reads what is left)."""
+        return sum(1 for _, new in self.arrivals[:-1] if new)
+
+    def longest_silence(self) -> float:
+        """The longest time between two polls that brought the job's lines, from the first to the last."""
+        times = [at for at, new in self.arrivals if new]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def follow_try(client: AirflowREST, dag_id: str, run_id: str, pattern: re.Pattern[str], every: float = 3.0,
+               timeout: float = 1800) -> Followed:  # fmt: skip
+    """Follow the train task's first try's log from when it runs (the endpoint has nothing before)."""
+    wait_started(client, dag_id, run_id)
+    return Followed(client.follow_log(dag_id, run_id, "train", 1), pattern).start(every, timeout)
+
+
+def wait_started(client: AirflowREST, dag_id: str, run_id: str, task_id: str = "train", timeout: float = 600) -> None:
+    """Until the task runs (or is deferred); a run that fails first says why (its tasks' logs)."""
+
+    def started() -> bool:
+        states = client.task_states(dag_id, run_id)
+        if states.get(task_id) in ("running", "deferred"):
+            return True
+        if states.get(task_id) in FINISHED_TASK or "failed" in states.values():
+            raise AssertionError(f"{dag_id} {run_id} ended before {task_id} ran: {states}\n"
+                                 + run_failure(client, dag_id, run_id))  # fmt: skip
+        return False
+
+    deadline = time.monotonic() + timeout
+    while not started():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{dag_id} {run_id}: {task_id} not running within {timeout:.0f} s: "
+                               f"{client.task_states(dag_id, run_id)}")  # fmt: skip
+        time.sleep(2)
+
+
+def run_failure(client: AirflowREST, dag_id: str, run_id: str) -> str:
+    """What the runs' task logs end with, for an assertion's message."""
+    text = []
+    for task_id, state in client.task_states(dag_id, run_id).items():
+        with contextlib.suppress(Exception):
+            tries = int(client.task_instance(dag_id, run_id, task_id)["try_number"])
+            text.append(f"--- {task_id} ({state}):\n{client.log_text(dag_id, run_id, task_id, tries)[-3000:]}")
+    return "\n".join(text)
+
+
+# ---- a. the walkthrough, step by step -----------------------------------------------------------
+
+
+def test_the_walkthrough_step_by_step(airflow: Any) -> None:
+    # 1. The provider in Airflow's image: `airflow providers list` shows it, in every component.
+    for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
+        code, output = airflow.exec(component, ["airflow", "providers", "list"])
+        assert code == 0 and "airflow-mpi" in output, (component, output[-2000:])
+
+    # 3. The Roles, as `kubectl auth can-i ... --as system:serviceaccount:airflow:<account>` asks.
+    api = airflow.cluster.api()
+    roles = documented_roles()
+    for account, role in (("airflow-worker", "airflow-mpi-worker"), ("airflow-triggerer", "airflow-mpi-triggerer")):
+        refused = [(verb, resource) for group, resource, verb in verbs_of(roles[role])
+                   if not can_i(api, account, verb, group, resource, airflow.training)]  # fmt: skip
+        assert refused == [], f"{account} lacks what {role} grants: {refused}"
+    # The triggerer reads no Secret and creates nothing; neither has more than its Role grants.
+    for verb in ("get", "list", "watch"):
+        assert not can_i(api, "airflow-triggerer", verb, "", "secrets", airflow.training)
+    assert not can_i(api, "airflow-triggerer", "create", "", "pods", airflow.training)
+    assert not can_i(api, "airflow-worker", "update", "", "pods", airflow.training)
+    assert not can_i(api, "airflow-worker", "create", "", "pods", "default")
+
+    # 4. The connections: `airflow connections test mpi_default` lists pods in training with the
+    # connection's identity (in the triggerer: its Role lists pods).
+    code, output = airflow.exec("triggerer", ["airflow", "connections", "test", "mpi_default"])
+    assert code == 0 and "Connection success" in output, output[-2000:]
+
+    # 4 and 5 with the workers' identity, in a pod of the executor's pod template (a task pod's
+    # ServiceAccount and settings): the connection test, then `airflow-mpi doctor --image` (a pod
+    # of the training image in training, then removed). A task itself cannot run them: Airflow
+    # gives a task's processes no database, where the connections are.
+    code, output = run_as_worker(airflow, [
+        "bash", "-c", "airflow connections test mpi_default && airflow-mpi doctor --image " + TRAIN_IMAGE
+        + " --kubernetes-conn-id kubernetes_default --namespace " + airflow.training])  # fmt: skip
+    assert code == 0 and "Connection success" in output, output[-3000:]
+    assert "checks on" in output and "missing:" not in output, output[-3000:]
+
+
+def run_as_worker(airflow: Any, argv: list[str], timeout: float = 300) -> tuple[int, str]:
+    """``argv`` in a pod made from the KubernetesExecutor's pod template (as the scheduler reads
+    it), so with the identity and settings of the task pods: its exit code and output."""
+    code, text = airflow.exec("scheduler", ["bash", "-c", 'cat "$AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE"'])
+    assert code == 0, text
+    pod = yaml.safe_load(text)
+    name = f"walkthrough-{uuid.uuid4().hex[:8]}"
+    pod["metadata"] = {"name": name, "namespace": airflow.namespace, "labels": {"component": "walkthrough-check"}}
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["spec"]["containers"][0]["command"] = argv
+    api = airflow.cluster.api()
+    path = f"/api/v1/namespaces/{airflow.namespace}/pods"
+    api.create(path, pod)
+    try:
+        ended = wait_plain(
+            f"{name} ended",
+            lambda: (p := api.get(f"{path}/{name}"))["status"].get("phase") in ("Succeeded", "Failed") and p,
+            timeout,
+        )
+        (status,) = ended["status"]["containerStatuses"]
+        return int(status["state"]["terminated"]["exitCode"]), str(api.get(f"{path}/{name}/log"))
+    finally:
+        api.delete(f"{path}/{name}")
+        wait_plain(f"{name} gone", lambda: api.get_or_none(f"{path}/{name}") is None, 120)
+
+
+# ---- b. the example DAG through the REST API ----------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deferrable", [False, True], ids=["waiting", "deferrable"])
+def test_the_example_dag_through_the_rest_api(
+    airflow: Any, client: AirflowREST, local_accuracy: float, deferrable: bool
+) -> None:
+    api = airflow.cluster.api()
+    run_id = client.trigger(EXAMPLE, {"deferrable": deferrable})
+    followed = follow_try(client, EXAMPLE, run_id, EPOCH_LINE, every=3.0, timeout=1200)
+    # The job's pods, while they run: one rank each, on three different Nodes.
+    ref = wait_plain("the job's name in XCom", lambda: client.xcom(EXAMPLE, run_id, "train", key="mpi_job"), 600)
+
+    def placed() -> dict[str, str] | None:
+        found = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in job_pods(api, ref["namespace"], ref["job"])}
+        return found if len(found) == 3 and all(found.values()) else None
+
+    nodes = wait_plain("the job's three pods scheduled", placed, 300)
+    if deferrable:
+        client.wait_task(EXAMPLE, run_id, "train", {"deferred", *FINISHED_TASK}, 300)
+    state = client.wait_run(EXAMPLE, run_id, 1200)
+    followed.join(60)
+    assert state == "success", run_failure(client, EXAMPLE, run_id)
+    assert len(set(nodes.values())) == 3, nodes
+
+    # The log, live: the ranks' lines came over several polls while train ran.
+    assert followed.live_polls() >= 2, followed.arrivals
+    log = client.log_text(EXAMPLE, run_id, "train", 1)
+    epochs = re.findall(r"<stdout>:epoch (\d+)/12", log)
+    assert epochs == [str(e) for e in range(1, 13)], epochs  # each once, in order
+    # Every rank's own lines are in the log (each rank says where it trains).
+    ranks = re.findall(r"\[1,(\d)\]<stdout>:rank \d/3 on (\S+):", log)
+    assert sorted(rank for rank, _ in ranks) == ["0", "1", "2"], ranks
+
+    # The result: the local run's accuracy, in XCom.
+    train = client.xcom(EXAMPLE, run_id, "train")
+    accuracy = float(client.xcom(EXAMPLE, run_id, "evaluate"))
+    assert train["np"] == 3 and train["result"]["world_size"] == 3
+    assert abs(train["result"]["test_accuracy"] - accuracy) < 1e-3
+    assert accuracy >= 0.85 and abs(accuracy - local_accuracy) <= 0.01, (accuracy, local_accuracy)
+    # The "MPI job" link is on the task (a URL where the connection has a job_url_template).
+    links = client.extra_links(EXAMPLE, run_id, "train")
+    assert "MPI job" in links, links
+    assert links["MPI job"] is None or train["job_name"] in links["MPI job"], links
+
+
+# ---- c. a triggerer deleted under a deferred job ------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_deleted_triggerers_trigger_is_taken_over(airflow: Any, client: AirflowREST) -> None:
+    api = airflow.cluster.api()
+    seconds = TAKEOVER_JOB_SECONDS
+    run_id = client.trigger(LINES_DAG, {"seconds": seconds, "workers": 1, "deferrable": True})
+    wait_started(client, LINES_DAG, run_id)
+    ti = client.wait_task(LINES_DAG, run_id, "train", {"deferred", *FINISHED_TASK}, 600)
+    assert ti["state"] == "deferred", run_failure(client, LINES_DAG, run_id)
+    # Lines shown while deferred: the trigger follows the job.
+    wait_plain(
+        "the ranks' lines in the log while deferred",
+        lambda: len(rank_lines(client.log_text(LINES_DAG, run_id, "train", 1)).get("0", [])) >= 10,
+        240,
+    )
+    ti = client.task_instance(LINES_DAG, run_id, "train")
+    first = ti["triggerer_job"]
+    assert ti["state"] == "deferred" and first, ti
+    pod = first["hostname"].split(".")[0]
+    assert pod in airflow.pods("triggerer"), (pod, airflow.pods("triggerer"))
+    api.delete(f"/api/v1/namespaces/{airflow.namespace}/pods/{pod}")
+    deleted_at = time.monotonic()
+
+    def taken_over() -> dict[str, Any] | None:
+        now = client.task_instance(LINES_DAG, run_id, "train")
+        job = now.get("triggerer_job")
+        return job if now["state"] != "deferred" or (job and job["id"] != first["id"]) else None
+
+    second = wait_plain("another triggerer running the trigger", taken_over, 240)
+    took = time.monotonic() - deleted_at
+    state = client.wait_run(LINES_DAG, run_id, seconds + 600)
+    assert state == "success", run_failure(client, LINES_DAG, run_id)
+    assert second and second["id"] != first["id"], (first, second)
+    assert took < seconds - 30, f"taken over after {took:.0f} s: the job ended first"
+    # Every rank's lines once, in order, in the log Airflow merges (the triggers' and the task's).
+    shown = rank_lines(client.log_text(LINES_DAG, run_id, "train", 1))
+    assert shown == {"0": numbered(seconds), "1": numbered(seconds)}, {r: (len(v), v[:3]) for r, v in shown.items()}
+    assert client.xcom(LINES_DAG, run_id, "train")["result"] == {"lines": seconds}
+
+
+# ---- d. a task pod killed while its job trains ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_killed_task_pods_retry_reattaches(airflow: Any, client: AirflowREST) -> None:
+    """The task pod's processes SIGKILLed on its Node (as when a Node is lost; a pod deleted
+    gracefully gets SIGTERM, on which the task tears its job down, as Airflow's kill asks):
+    the DAG's retry finds the job the first try left and follows it to its end."""
+    api = airflow.cluster.api()
+    epochs = 120  # minutes of training: the kill comes while it runs
+    run_id = client.trigger(EXAMPLE, {"deferrable": False, "epochs": epochs})
+    wait_started(client, EXAMPLE, run_id)
+    ref = wait_plain("the job's name in XCom", lambda: client.xcom(EXAMPLE, run_id, "train", key="mpi_job"), 600)
+    wait_plain(
+        "training under way",
+        lambda: len(re.findall(r"<stdout>:epoch \d+/", client.log_text(EXAMPLE, run_id, "train", 1))) >= 2,
+        600,
+    )
+    pod = task_pod(api, airflow.namespace, EXAMPLE, run_id, "train", 1)
+    node = airflow.cluster.real.node(pod["spec"]["nodeName"])
+    running = [c["id"] for c in node.containers()
+               if c["labels"].get("io.kubernetes.pod.name") == pod["metadata"]["name"]
+               and c["state"] == "CONTAINER_RUNNING"]  # fmt: skip
+    assert running, f"no running container of {pod['metadata']['name']} on {node.name}"
+    for container in running:
+        node.crictl("stop", "--timeout", "0", container)
+
+    wait_plain("the retry", lambda: client.task_instance(EXAMPLE, run_id, "train")["try_number"] == 2, 600)
+    state = client.wait_run(EXAMPLE, run_id, 1500)
+    assert state == "success", run_failure(client, EXAMPLE, run_id)
+    first, second = (client.log_text(EXAMPLE, run_id, "train", n) for n in (1, 2))
+    assert f"reattached to {ref['job']}" in second, second[-3000:]
+    assert client.xcom(EXAMPLE, run_id, "train")["job_name"] == ref["job"]  # the one job, to its end
+    shown = [int(e) for e in re.findall(rf"<stdout>:epoch (\d+)/{epochs}", first + "\n" + second)]
+    assert sorted(set(shown)) == list(range(1, epochs + 1)), shown  # no epoch missing
+    later = [int(e) for e in re.findall(rf"<stdout>:epoch (\d+)/{epochs}", second)]
+    assert later and later[0] > 1 and later == sorted(later), later  # went on, did not start over
+
+
+# ---- f. a job longer than the tokens' life, waiting and deferred at once --------------------------
+
+
+@pytest.mark.slow
+def test_a_job_longer_than_the_token_life_streams_and_ends(airflow: Any, client: AirflowREST) -> None:
+    seconds = LONG_JOB_SECONDS
+    code, before = airflow.exec("triggerer", ["cat", TOKEN])
+    assert code == 0, before
+    runs = {mode: client.trigger(LINES_DAG, {"seconds": seconds, "workers": 0, "deferrable": mode == "deferred"})
+            for mode in ("waiting", "deferred")}  # fmt: skip
+    followed = {mode: follow_try(client, LINES_DAG, run_id, RANK_LINE, every=5.0, timeout=seconds + 900)
+                for mode, run_id in runs.items()}  # fmt: skip
+    states = {mode: client.wait_run(LINES_DAG, run_id, seconds + 900) for mode, run_id in runs.items()}
+    for mode, run_id in runs.items():
+        followed[mode].join(120)
+        assert states[mode] == "success", (mode, run_failure(client, LINES_DAG, run_id))
+        shown = rank_lines(client.log_text(LINES_DAG, run_id, "train", 1))
+        assert shown == {"0": numbered(seconds)}, (mode, {r: (len(v), v[:3], v[-3:]) for r, v in shown.items()})
+        # Live the whole time: lines over the whole run, never silent for long (the token renewed
+        # at 8 minutes does not stop the stream).
+        arrivals = [at for at, new in followed[mode].arrivals if new]
+        assert arrivals and arrivals[-1] - arrivals[0] > seconds - 120, (mode, followed[mode].arrivals[:3])
+        assert followed[mode].longest_silence() < 90, (mode, followed[mode].longest_silence())
+    # The kubelet did renew the tokens meanwhile.
+    code, after = airflow.exec("triggerer", ["cat", TOKEN])
+    assert code == 0, after
+    assert token_claims(after)["iat"] > token_claims(before)["iat"], "the triggerer's token was not renewed"
+
+
+# ---- e. the workers' Role without one verb -------------------------------------------------------
+
+
+@pytest.fixture
+def role_without(airflow: Any, request: pytest.FixtureRequest) -> Iterator[tuple[str, str, str]]:
+    """The workers' Role in training without one verb; the Role as it was afterwards."""
+    group, resource, verb = request.param
+    api = airflow.cluster.api()
+    path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{airflow.training}/roles"
+    role = api.get(f"{path}/airflow-mpi-worker")
+    kept = copy.deepcopy(role)
+    rules = []
+    for rule in role["rules"]:
+        if group in rule["apiGroups"] and resource in rule["resources"]:
+            # The rule's other resources keep every verb; this one loses one.
+            others = [r for r in rule["resources"] if r != resource]
+            rules += [dict(rule, resources=others)] if others else []
+            rule = dict(rule, resources=[resource], verbs=[v for v in rule["verbs"] if v != verb])
+        if rule["verbs"]:
+            rules.append(rule)
+    api.request("PUT", f"{path}/airflow-mpi-worker", dict(role, rules=rules))
+    wait_plain("the verb gone", lambda: not can_i(api, "airflow-worker", verb, group, resource, airflow.training), 30)
+    others = [v for v in WORKER_VERBS if v != (group, resource, verb)]
+    assert all(can_i(api, "airflow-worker", v, g, r, airflow.training) for g, r, v in others), "more than one verb gone"
+    try:
+        yield group, resource, verb
+    finally:
+        now = api.get(f"{path}/airflow-mpi-worker")
+        kept["metadata"] = {k: v for k, v in kept["metadata"].items() if k in ("name", "namespace", "labels")}
+        kept["metadata"]["resourceVersion"] = now["metadata"]["resourceVersion"]
+        api.request("PUT", f"{path}/airflow-mpi-worker", kept)
+        wait_plain("the verb back", lambda: can_i(api, "airflow-worker", verb, group, resource, airflow.training), 30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "role_without", WORKER_VERBS, ids=[f"{verb}-{resource}" for _, resource, verb in WORKER_VERBS], indirect=True
+)
+def test_a_role_without_a_verb_fails_the_task_before_anything_is_created(
+    airflow: Any, client: AirflowREST, role_without: tuple[str, str, str]
+) -> None:
+    _, resource, verb = role_without
+    api = airflow.cluster.api()
+    run_id = client.trigger(SMALLEST_DAG, run_id=f"no-{verb}-{resource.replace('/', '-')}-{uuid.uuid4().hex[:6]}")
+    assert client.wait_run(SMALLEST_DAG, run_id, 600) == "failed"
+    log = client.log_text(SMALLEST_DAG, run_id, "train", 1)
+    # The verb and the resource, and that it was known before the job was created.
+    assert f"`{verb}` `{resource}`" in log and "checked before anything was created" in log, log[-3000:]
+    assert objects_left(api, airflow.training, CORE_LEFT) == []
