@@ -85,7 +85,8 @@ class KubernetesBackend:
         self._jobs: dict[str, WatchedJob] = {}
         # The jobs this backend was asked to create or adopt: who owns each, and where it is.
         self._owners: dict[str, tuple[RunIdentity, str]] = {}
-        self._foreign: set[str] = set()  # names found held by another job: never torn down here
+        # Names never torn down here: held by another job, or refused before anything was created.
+        self._untouched: set[str] = set()
         self._permitted: set[tuple[str, Any]] = set()  # (namespace, permissions) checked
 
     # --- clients --------------------------------------------------------------------------
@@ -193,7 +194,12 @@ class KubernetesBackend:
     def create(self, plan: JobPlan) -> None:
         namespace = self.namespace_for(plan.spec)
         self._owners[plan.job_name] = (plan.identity, namespace)
-        self.check_permissions(namespace, plan.spec)
+        try:
+            self.check_permissions(namespace, plan.spec)
+        except LaunchError:
+            # Nothing was created: its teardown would only ask for verbs the Role may lack.
+            self._untouched.add(plan.job_name)
+            raise
         self.creation.create(plan, namespace)
 
     def _watch(self, plan: JobPlan, namespace: str, resource_version: str) -> WatchedJob:
@@ -401,24 +407,26 @@ class KubernetesBackend:
         """``teardown`` of a job in ``namespace`` unless this backend watches it (it knows where).
         A job asked for but not watched (its create failed before its top object was made) may
         share its name with another job's top object: that one is left alone."""
+        if job_name in self._untouched:
+            return
         job = self._jobs.get(job_name)
         if job is None and job_name in self._owners:
             identity = self._owners[job_name][0]
             top = self.tops.get(namespace, job_name)
             if top is not None and not owned_by(identity, top["metadata"].get("labels")):
                 _log.warning("not removing %s in namespace %s: it is another job's", job_name, namespace)
-                self._foreign.add(job_name)
+                self._untouched.add(job_name)
                 return
         self.removal.remove(job, job_name, job.namespace if job else namespace)
 
     def leftovers(self, job_name: str) -> list[str]:
         """What of the job still exists (``JobRemoval.leftovers``); the job is forgotten here.
-        Nothing of a name another job holds is this job's."""
+        Nothing of a name another job holds, nor of a job refused before its creation, is this job's."""
         namespace = self._where(job_name)
         job = self._jobs.pop(job_name, None)
         self._owners.pop(job_name, None)
-        if job_name in self._foreign:
-            self._foreign.discard(job_name)
+        if job_name in self._untouched:
+            self._untouched.discard(job_name)
             return []
         return self.removal.leftovers(job, job_name, namespace)
 

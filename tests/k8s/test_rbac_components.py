@@ -57,6 +57,21 @@ def test_the_worker_refuses_a_role_without_each_verb_naming_it_and_who(
     assert job_objects(double) == []
 
 
+def test_a_job_refused_by_the_check_is_torn_down_without_a_request(double: KubeDouble) -> None:
+    """Nothing was created, so its teardown asks for nothing (a DELETE the Role may not allow would
+    only add a misleading "teardown left" line to the task's log) and nothing is left."""
+    double.grant(without(documented_role_rules("worker"), "pods", "create"))
+    backend = KubernetesBackend(api_client=api_client_for(double), namespace="default")
+    plan = make_plan(workers=1)
+    with pytest.raises(LaunchError):
+        backend.create(plan)
+    before = len(double.requests)
+    backend.teardown(plan.job_name)
+    assert backend.leftovers(plan.job_name) == []
+    assert double.requests[before:] == []
+    assert job_objects(double) == []
+
+
 def test_the_worker_role_is_enough_for_the_check(double: KubeDouble) -> None:
     double.grant(documented_role_rules("worker"))
     backend = KubernetesBackend(api_client=api_client_for(double), namespace="default")
