@@ -383,7 +383,7 @@ def main(argv: list[str]) -> int:
     if command == "supervise":
         return supervise(int(argv[1]))
     if command == "airflow-up":
-        return airflow_up(Path(argv[1]) if len(argv) > 1 else REPO / "dags")
+        return airflow_up(Path(argv[1]).resolve() if len(argv) > 1 else REPO / "dags")
     if command == "down":
         return down()
     ready = CHECKOUT_STATE / "ready"

@@ -42,8 +42,6 @@ with DAG(
         # Each rank takes a whole core and the Nodes have two each: 0 lets jobs run side by side.
         "workers": Param(1, type="integer", minimum=0, maximum=2),
         "deferrable": Param(False, type="boolean"),
-        # A job that mostly sleeps can ask for a sliver of a core and run beside the others.
-        "cpu": Param("1", type="string"),
     },
 ):
     MPIJobOperator(
@@ -52,8 +50,8 @@ with DAG(
             "name": "lines",
             "image": IMAGE,
             "command": ["python", "-c", LINES],
-            "workers": {"replicas": "{{ params.workers }}", "cpu": "{{ params.cpu }}", "memory": "256Mi"},
-            "master": {"cpu": "{{ params.cpu }}", "memory": "256Mi"},
+            "workers": {"replicas": "{{ params.workers }}", "cpu": 1, "memory": "256Mi"},
+            "master": {"cpu": 1, "memory": "256Mi"},
             "env": {"SECONDS_TO_PRINT": "{{ params.seconds }}"},
             "startup_timeout": 300,
             "timeout": "{{ params.seconds + 900 }}",
