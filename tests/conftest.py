@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,3 +82,13 @@ def pytest_sessionfinish() -> None:
     for root in (STATE_DIR.parent, SHARED):
         with contextlib.suppress(OSError):
             root.rmdir()  # only if empty
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (CI's timeout, ``kill``) ends the run as Ctrl-C does: pytest then runs every
+    fixture's teardown, so no cluster, sandbox or process of a test outlives the run."""
+    signal.signal(signal.SIGTERM, _interrupted)

@@ -41,6 +41,10 @@ def main_session_paths() -> list[str]:
     return [d for d in found if d not in others] + [d for d in MAIN_LAST if d in found]
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(args: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     if names_tests(args):
@@ -52,13 +56,17 @@ def main(args: list[str]) -> int:
     try:
         with os.fdopen(handle, "wb") as out:
             nodes = subprocess.Popen([*pytest, NODE_TIER, *BESIDE_NODES, *args], stdout=out, stderr=subprocess.STDOUT)
+        signal.signal(signal.SIGTERM, _interrupted)
+        main = subprocess.Popen([*pytest, *main_session_paths(), *args])
         try:
-            main_rc = subprocess.call([*pytest, *main_session_paths(), *args])
+            main_rc = main.wait()
             main_s = time.monotonic() - started
             nodes_rc = nodes.wait()
-        except BaseException:  # interrupted: the Node session tears its cluster down too
-            nodes.send_signal(signal.SIGINT)
-            nodes.wait()
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): both sessions tear their clusters down
+            for session in (main, nodes):
+                session.send_signal(signal.SIGINT)
+            for session in (main, nodes):
+                session.wait()
             raise
     finally:  # the Node session's output, whatever happened
         print(f"\n{'=' * 30} the real-Node tier ({NODE_TIER}), run beside the rest {'=' * 30}", flush=True)
