@@ -55,9 +55,22 @@ class Airflow:
             with_missing(lambda pid=pid: os.kill(pid, signal.SIGKILL))
         proc.wait(10)
 
+    def pause(self, name: str) -> list[int]:
+        """SIGSTOP a process and its children: alive but silent, as a triggerer whose heartbeat
+        comes late (a stalled node, a long GC). Returns the PIDs, for ``resume``."""
+        pids = [self.procs[name].pid, *descendants(self.procs[name].pid)]
+        for pid in pids:
+            with_missing(lambda pid=pid: os.kill(pid, signal.SIGSTOP))
+        return pids
+
+    def resume(self, pids: list[int]) -> None:
+        for pid in pids:
+            with_missing(lambda pid=pid: os.kill(pid, signal.SIGCONT))
+
     def stop(self) -> None:
         for name, proc in list(self.procs.items()):
             pids = [*descendants(proc.pid), proc.pid]
+            self.resume(pids)  # a paused one too
             with_missing(lambda proc=proc: proc.terminate())
             try:
                 proc.wait(15)

@@ -9,7 +9,7 @@ deferred with: it still resumes.)
 One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
 the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
 events are ``events.Outcome`` values with an envelope. ``serialize()`` returns primitives only. A user kill
-(``on_kill``) deletes the job.
+(``on_kill``) deletes the job; a trigger handed to another triggerer leaves it (``task_state``).
 
 The wait always ends: at the deadline whatever the API does (every request runs under it), at
 once when the API refuses (401, 403, 404 ...: what to change), and once the API has not answered
@@ -51,12 +51,14 @@ from airflow_mpi.spec import Role
 from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client, watch_events
 from airflow_mpi.triggers.kind_reads import KindReads
 from airflow_mpi.triggers.logwriter import MasterRecords
+from airflow_mpi.triggers.task_state import job_still_the_tasks
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
 TAIL_LINE_CHARS = 4096  # of each of the master's last lines in the event
 DRAIN_TIMEOUT = 30.0  # seconds the log may take to end once the master has (the operator shows the rest)
 STOP_MARK_TIMEOUT = 5.0  # seconds a cancelled trigger may take to mark the lines it writes last
+_KILLS: set[asyncio.Future[None]] = set()  # on_kill's work under way (the loop holds tasks weakly)
 
 
 class MPIJobTrigger(BaseTrigger):
@@ -436,8 +438,27 @@ class MPIJobTrigger(BaseTrigger):
         return TriggerEvent(events.fire(outcome, envelope))  # type: ignore[no-untyped-call]
 
     async def on_kill(self) -> None:
-        """The user killed the task while it was deferred: delete the job (Airflow 3.3+)."""
+        """The user killed the task while it was deferred: delete the job (Airflow 3.3+). Airflow
+        calls this too when it hands the trigger to another triggerer (this one's heartbeat came
+        late): the task is still deferred then (or already resumed by the other copy), and the
+        job is left to it. Shielded: Airflow cancels the trigger again at each turn of its loop
+        (about a second) until it ends, on_kill included, and the work must end all the same."""
         if self._fired:
+            return
+        work = asyncio.ensure_future(self._delete_unless_still_the_tasks())
+        _KILLS.add(work)
+        work.add_done_callback(_KILLS.discard)
+        await asyncio.shield(work)
+
+    async def _delete_unless_still_the_tasks(self) -> None:
+        left, state = await job_still_the_tasks(self.task_instance)
+        if left:
+            self.log.info(
+                "this triggerer no longer runs the trigger, and the task is %s (deferred on another triggerer, "
+                "or resumed): MPI job %s left to it",
+                state,
+                self.job_name,
+            )
             return
         await import_client()
         from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
@@ -461,7 +482,7 @@ class MPIJobTrigger(BaseTrigger):
                     body=V1DeleteOptions(propagation_policy="Background"),
                     _request_timeout=(CONNECT_TIMEOUT, KILL_TIMEOUT),
                 )
-        self.log.info("task killed: MPI job %s deleted", self.job_name)
+        self.log.info("task killed (its state: %s): MPI job %s deleted", state, self.job_name)
 
 
 def last_lines(tail: list[str]) -> list[str]:

@@ -1,10 +1,13 @@
 """A deferred job's log under real Airflow processes (scheduler, dag-processor, two triggerers and
 api-server; LocalExecutor; a fresh home and SQLite database), its pods scripted by the API double
 that this test serves over HTTP: the master's lines are readable through the REST API's task log
-endpoint while the task is deferred; the triggerer running the trigger is SIGKILLed mid-run and
-the other one, which shares the database but not the log folder (another machine's, or a
-rescheduled pod's), takes the trigger over: the two triggerers' logs and the resumed task's hold
-every line exactly once, in order, and the task succeeds with the job's result."""
+endpoint while the task is deferred; the triggerer running the trigger is SIGKILLed mid-run, or
+paused past Airflow's health check and let go on (Airflow then drops the trigger from it and
+calls its ``on_kill``), and the other one, which shares the database but not the log folder
+(another machine's, or a rescheduled pod's), takes the trigger over: the two triggerers' logs and
+the resumed task's hold every line exactly once, in order, and the task succeeds with the job's
+result. A deferred task marked failed through the API: the triggerer's ``on_kill`` deletes the job.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ from tests.doubles.kube_double import KubeDouble, PodScript
 from tests.k8s.conftest import Scripts, job_objects
 
 DAG_ID = "mpi_live_log"
-LINES = 120
-EVERY = 0.1  # seconds between two lines of the master: 12 s of output
+LINES = 250
+EVERY = 0.1  # seconds between two lines of the master: 25 s of output, past a pause of ~8 s
 REPO = Path(__file__).resolve().parents[2]
 
 DAG_FILE = f'''
@@ -97,15 +100,21 @@ def shown_lines(events: list[dict[str, Any]]) -> list[str]:
     return re.findall(r"<stdout>:line (\d{3})", text)
 
 
-@pytest.mark.usefixtures("connections")
-def test_live_lines_through_the_api_and_exactly_once_across_a_killed_triggerer(
-    airflow: Airflow, double: KubeDouble, scripts: Scripts
-) -> None:
-    scripts.on("-master-", PodScript(lines=master_lines, exit_code=0))
+def start_run(airflow: Airflow) -> tuple[str, str]:
+    """A run of the DAG: its id and its train task's path in the API."""
     wait_for("the DAG parsed", lambda: airflow.get(f"/api/v2/dags/{DAG_ID}"), 120, airflow)
     airflow.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
     run_id = airflow.post(f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})["dag_run_id"]
-    ti = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train"
+    return run_id, f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train"
+
+
+@pytest.mark.usefixtures("connections")
+@pytest.mark.parametrize("how", ["killed", "paused"])
+def test_live_lines_through_the_api_and_exactly_once_across_a_lost_triggerer(
+    airflow: Airflow, double: KubeDouble, scripts: Scripts, how: str
+) -> None:
+    scripts.on("-master-", PodScript(lines=master_lines, exit_code=0))
+    run_id, ti = start_run(airflow)
 
     # Live: lines of the master while the task is deferred (the job is still printing).
     early = wait_for(
@@ -129,9 +138,17 @@ def test_live_lines_through_the_api_and_exactly_once_across_a_killed_triggerer(
     time.sleep(3)  # started (its heartbeat in the database) before the first one dies
     (first,) = wait_for("the trigger's log file", lambda: trigger_logs(folders), 60, airflow)
     assert first == "triggerer"
-    airflow.kill(first)
-    killed_at = len(shown_lines(log_events(airflow, run_id)))
-    assert killed_at < LINES - 20, "the job ended before the triggerer was killed: make it print longer"
+    if how == "killed":
+        airflow.kill(first)
+    else:  # late past the health check: the other takes the trigger, then this one goes on
+        paused = airflow.pause(first)
+        try:
+            wait_for("the other triggerer running the trigger", lambda: len(trigger_logs(folders)) == 2, 60, airflow)
+            time.sleep(1)
+        finally:
+            airflow.resume(paused)
+    lost_at = len(shown_lines(log_events(airflow, run_id)))
+    assert lost_at < LINES - 20, f"the job ended before the triggerer was {how}: make it print longer"
 
     state = wait_for(
         "the task to end",
@@ -160,4 +177,25 @@ def test_live_lines_through_the_api_and_exactly_once_across_a_killed_triggerer(
     result = airflow.get(f"{ti}/xcomEntries/return_value")["value"]
     result = json.loads(result) if isinstance(result, str) else result
     assert result["result"] == {"lines": LINES}
+    if how == "paused":  # Airflow dropped the trigger from the first and called its on_kill
+        said = texts[0] + airflow.tail(first, 200_000)  # (the triggerer's own log, once the trigger ended)
+        assert "no longer runs the trigger, and the task is deferred" in said, said[-3000:]
     wait_for("the job's objects deleted", lambda: job_objects(double) == [], 30, airflow)
+
+
+@pytest.mark.usefixtures("connections")
+def test_a_deferred_task_marked_failed_has_its_job_deleted_by_the_trigger(
+    airflow: Airflow, double: KubeDouble, scripts: Scripts
+) -> None:
+    scripts.on("-master-", PodScript(lines=master_lines, exit_code=0))
+    run_id, ti = start_run(airflow)
+    wait_for("the task deferred, its job running",
+             lambda: airflow.get(ti)["state"] == "deferred" and shown_lines(log_events(airflow, run_id)), 180, airflow)  # fmt: skip
+    assert job_objects(double), "the job's objects, before"
+    airflow.patch(ti, {"new_state": "failed"})
+    wait_for("the job's objects deleted by the trigger's on_kill", lambda: job_objects(double) == [], 30, airflow)
+    assert airflow.get(ti)["state"] == "failed"
+    (log,) = trigger_logs({"triggerer": airflow.home / "logs"}).values()
+    said = read_text(log) + airflow.tail("triggerer", 200_000)  # (the triggerer's own, once the trigger ended)
+    assert "task killed (its state: failed)" in said, said[-3000:]
+    assert len(shown_lines(log_events(airflow, run_id))) < LINES, "the job ran to its end: it was not deleted"
