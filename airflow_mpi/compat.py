@@ -64,6 +64,7 @@ __all__ = [
     "context_keys",
     "get_async_connection",
     "store_link",
+    "task_states",
     "trigger_log_fd",
 ]
 
@@ -96,6 +97,19 @@ async def get_async_connection(conn_id: str) -> Any:
 
         return await sync_to_async(BaseHook.get_connection)(conn_id)
     return await lookup(conn_id)
+
+
+def task_states(dag_id: str, task_ids: list[str], run_ids: list[str], map_index: int) -> dict[str, Any]:
+    """Task instances' states (``{run_id: {task_id: state}}``, a mapped one's id with its index),
+    asked of Airflow from a triggerer's trigger runner through its supervisor (the request
+    ``ExternalTaskSensor``'s trigger makes). Blocking: call it from a thread. Raises where no
+    supervisor answers (the trigger run outside a triggerer)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    states: dict[str, Any] = RuntimeTaskInstance.get_task_states(
+        dag_id=dag_id, task_ids=task_ids, run_ids=run_ids, map_index=map_index
+    )
+    return states
 
 
 def store_link(ti: Any, key: str, value: str) -> None:

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_mpi.compat import task_states
+
 # The task instance's states in which the job is still the task's: deferred on another
 # triggerer, or resumed to finish it. Any other state (failed, success, up_for_retry, cleared)
 # is the user's action, or the task's end, and the job is deleted.
@@ -47,17 +49,8 @@ async def job_still_the_tasks(task_instance: Any) -> tuple[bool, str]:
     except (AttributeError, TypeError, ValueError):
         return False, "unknown (no task instance)"
     try:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
         states = await asyncio.wait_for(
-            asyncio.to_thread(
-                RuntimeTaskInstance.get_task_states,
-                dag_id=dag_id,
-                task_ids=[task_id],
-                run_ids=[run_id],
-                map_index=map_index,
-            ),
-            ASK_TIMEOUT,
+            asyncio.to_thread(task_states, dag_id, [task_id], [run_id], map_index), ASK_TIMEOUT
         )
     except Exception as error:  # no supervisor here, or it did not answer: cannot tell
         log.warning("could not read the state of %s/%s/%s: %s", dag_id, run_id, task_id, error)
