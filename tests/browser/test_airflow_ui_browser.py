@@ -17,36 +17,11 @@ import pytest
 
 from tests.airflow_processes import Airflow
 from tests.browser.conftest import ARTIFACTS, until
+from tests.browser.pages import button, links_named, page_text, press, tab
 from tests.doubles.kube_double import PodScript
 from tests.k8s.conftest import Scripts
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("no_leaks")]
-
-
-def page_text(browser: Any) -> str:
-    from selenium.webdriver.common.by import By
-
-    return str(browser.find_element(By.TAG_NAME, "body").text)
-
-
-def button(browser: Any, text: str = "", *, dialog: bool = False, label: str | None = None) -> Any:
-    """The visible, enabled button with this text (or, given ``label``, this aria-label), in the
-    open dialog if ``dialog``."""
-    from selenium.webdriver.common.by import By
-
-    scope = "//*[@role='dialog']" if dialog else ""
-    for element in browser.find_elements(By.XPATH, f"{scope}//button"):
-        named = element.get_attribute("aria-label") == label if label is not None else element.text.strip() == text
-        if named and element.is_displayed() and element.is_enabled():
-            return element
-    return None
-
-
-def press(browser: Any, element: Any) -> None:
-    """Click as a user does, once the element is in view (a dialog may still be sliding in)."""
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
-    time.sleep(0.3)
-    element.click()
 
 
 def shot(browser: Any, name: str) -> None:
@@ -168,16 +143,8 @@ def test_a_failed_task_shows_the_rank_and_exit_code_that_ended_it_and_links_to_i
     until("the cause on the log page", lambda: cause.search(page_text(browser)), 60, ui, browser)
     shot(browser, "05-failed-task")
     # The task stored its "MPI job" link when it submitted the job: the Details tab lists it.
-    from selenium.webdriver.common.by import By
-
-    press(browser, until("the Details tab", lambda: _tab(browser, "Details"), 30, ui, browser))
-    links = until(
-        "the MPI job link",
-        lambda: [a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "MPI job"],
-        60,
-        ui,
-        browser,
-    )
+    press(browser, until("the Details tab", lambda: tab(browser, "Details"), 30, ui, browser))
+    links = until("the MPI job link", lambda: links_named(browser, "MPI job"), 60, ui, browser)
     href = links[0].get_attribute("href") or ""
     assert re.fullmatch(rf"https://dash\.example/local/uifail-[a-z2-7]{{13}}\?dag={dag_id}&task=train&try=1", href), (
         href
@@ -225,13 +192,6 @@ def test_the_mpi_connection_form_shows_its_fields_and_its_test(ui: Airflow, brow
     extra = json.dumps({"backend": "kubernetes", "kubernetes_conn_id": "kube_unreachable", "namespace": "default"})
     remote = ui.post("/api/v2/connections/test", {"connection_id": "mpi_remote", "conn_type": "mpi", "extra": extra})
     assert remote["status"] is False and "cannot reach the Kubernetes API at https://127.0.0.1:9" in remote["message"]
-
-
-def _tab(browser: Any, name: str) -> Any:
-    from selenium.webdriver.common.by import By
-
-    found = [e for e in browser.find_elements(By.XPATH, f"//*[normalize-space(text())='{name}']") if e.is_displayed()]
-    return found[0] if found else None
 
 
 def _test_answer(browser: Any) -> dict[str, Any] | None:
