@@ -542,6 +542,34 @@ def real_nodes(quick: bool) -> list[Figure]:
     return figures
 
 
+def airflow_in_cluster(quick: bool) -> list[Figure]:
+    """11. Airflow deployed in the real cluster (`make airflow-up`): up cold and warm, its images,
+    its memory, and the example DAG's wall time there against dag.test() on this machine, both
+    against the same cluster, image, claim and epochs."""
+    from airflow_in_cluster import measure
+
+    got = measure(quick)
+    inside, host = got["in_cluster"], got["host"]
+    figures = [
+        figure("Airflow in the cluster: deployed, cold (its 2 images imported into 3 Nodes)", got["up_cold"], "s"),
+        figure("Airflow in the cluster: of which the images' import", got["image_import"], "s"),
+        figure("Airflow in the cluster: the Airflow image (docker-archive)", got["image_mib"]["airflow"], "MiB"),
+        figure("Airflow in the cluster: the PostgreSQL image (docker-archive)", got["image_mib"]["postgres"], "MiB"),
+        figure("Airflow in the cluster: memory of every component, idle working set", got["memory_mib"], "MiB"),
+        figure(f"Airflow in the cluster: the example DAG's run, {got['epochs']} epochs (KubernetesExecutor)",
+               inside["seconds"], "s", baseline="dag.test() on this machine, same cluster, image and epochs",
+               baseline_value=host["seconds"]),
+        figure("Airflow in the cluster: the example's train task", inside["tasks"]["train"], "s"),
+        figure("Airflow in the cluster: the example's first run on fresh Nodes (the image unpacked there)",
+               got["in_cluster_first"]["seconds"], "s"),
+    ]  # fmt: skip
+    if "up_warm" in got:
+        warm = "Airflow in the cluster: deployed again, warm (images in the Nodes)"
+        figures.insert(1, figure(warm, got["up_warm"], "s"))
+        figures.insert(2, figure("Airflow in the cluster: removed (both namespaces, volumes)", got["down"], "s"))
+    return figures
+
+
 BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "launch": (launch, True, True),
     "scaling": (scaling, True, True),
@@ -554,6 +582,7 @@ BENCHMARKS: dict[str, tuple[Callable[[bool], list[Figure]], bool, bool]] = {
     "real_triggerer_logs": (real_triggerer_logs, False, False),
     "real_cluster": (real_cluster, True, False),
     "real_nodes": (real_nodes, True, False),
+    "airflow_in_cluster": (airflow_in_cluster, True, False),
 }
 
 
