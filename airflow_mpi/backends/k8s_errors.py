@@ -12,6 +12,7 @@ already imported: an error of a client that was never imported cannot exist, and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -244,7 +245,7 @@ def _cause(error: BaseException | None) -> str:
     text = f"{error!r} {error}".lower()
     if "refused" in text:
         return "connection refused"
-    if "timeout" in text or "timed out" in text or isinstance(error, TimeoutError):
+    if "timeout" in text or "timed out" in text or isinstance(error, (TimeoutError, asyncio.TimeoutError)):
         return "no reply"
     if "reset" in text or "disconnected" in text or "aborted" in text:
         return "connection dropped"

@@ -52,6 +52,19 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
 
 
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (Python 3.11+); on 3.10 the same ``__notes__`` list by hand, which
+    its traceback does not show (the teardown logs what it left as well)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # pragma: no cover (3.10: the compatibility tier)
+        notes = getattr(error, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            error.__notes__ = notes  # type: ignore[attr-defined]
+        notes.append(note)
+
+
 @dataclass
 class JobResult:
     """What the task returns (XCom): small, no keys, no logs."""
@@ -144,7 +157,7 @@ class JobRunner:
             if left:
                 log.error("teardown of %s left: %s", self.job_name, "; ".join(left))
                 if error is not None:
-                    error.add_note(f"teardown of MPI job {self.job_name} left: {'; '.join(left)}")
+                    add_note(error, f"teardown of MPI job {self.job_name} left: {'; '.join(left)}")
             return left
 
     def _mark(self, phase: str) -> None:

@@ -37,6 +37,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from airflow_mpi.triggers.timeouts import timeout_after
+
 MAX_QUEUED_BYTES = 8 * 1024 * 1024  # records held for the socket before writes wait again
 SKB_OVERHEAD = 1024  # what the kernel charges a socket's send buffer per write, beyond the bytes
 SKB_BYTES = 32 * 1024  # the most one socket buffer of a Unix stream write holds
@@ -127,7 +129,7 @@ class LogChannel:
         if event is None or event.is_set():
             return True
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
+            async with timeout_after(timeout):
                 await event.wait()
         return event.is_set()
 

@@ -31,6 +31,7 @@ from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
 from airflow_mpi.observe.master_output import MasterOutput
 from airflow_mpi.observe.progress import Hang
 from airflow_mpi.triggers.api_client import raise_for_status
+from airflow_mpi.triggers.timeouts import timeout_after
 
 CHUNK_BYTES = 64 * 1024  # the most one read hands the line handling at once
 IDLE_TICK = 0.25  # seconds between checks (held progress states, ranks' start) when nothing arrives
@@ -126,7 +127,7 @@ async def count_log_lines(api_client: Any, namespace: str, pod: str, at_most: in
     lines = RankLineSplitter()
     stream = TimestampedLogSplitter(LogCursor(), lines)
     count = 0
-    async with asyncio.timeout(timeout):
+    async with timeout_after(timeout):
         try:
             response = await _get_log(api_client, path, arguments, timeout)
         except Exception as error:
@@ -236,7 +237,7 @@ class MasterLogFollower:
 
     async def _wait_for_end(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
+            async with timeout_after(seconds):
                 await self.master_ended.wait()
 
     async def _open(self, since: str | None, pod: str) -> Any:
@@ -255,7 +256,7 @@ class MasterLogFollower:
             async with response:
                 while True:
                     try:
-                        async with asyncio.timeout(IDLE_TICK):
+                        async with timeout_after(IDLE_TICK):
                             chunk = await response.content.read(CHUNK_BYTES)
                     except TimeoutError:
                         now = time.monotonic()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_mpi.observe.output import MAX_RECORD_LINES
 from airflow_mpi.triggers.logchannel import LogChannel, channel_for_loop, record_bytes
+from airflow_mpi.triggers.timeouts import timeout_after
 
 if TYPE_CHECKING:
     from airflow_mpi.triggers.logshown import ShownLines
@@ -89,7 +90,7 @@ class MasterRecords:
         self.flush()
         if self._shipping is not None:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+                async with timeout_after(timeout):
                     await asyncio.shield(self._shipping)
         channel = self._channel()
         if not await channel.drained(self, timeout):
@@ -108,7 +109,7 @@ class MasterRecords:
             self._shipping.cancel()
         try:
             if self.shown is not None and self._outbox and not self.shown.lost:
-                async with asyncio.timeout(timeout):
+                async with timeout_after(timeout):
                     await self.shown.mark(self._outbox[-1][2], read_at=self._outbox[0][3], stopping=True)
         finally:
             self.write_now()

@@ -52,6 +52,7 @@ from airflow_mpi.triggers.api_client import import_client, raise_for_status, sha
 from airflow_mpi.triggers.kind_reads import KindReads
 from airflow_mpi.triggers.logwriter import MasterRecords
 from airflow_mpi.triggers.task_state import job_still_the_tasks
+from airflow_mpi.triggers.timeouts import timeout_after
 
 WATCH_SECONDS = 60
 KILL_TIMEOUT = 30.0  # seconds on_kill waits for the API to accept the delete
@@ -187,7 +188,7 @@ class MPIJobTrigger(BaseTrigger):
         limit = max(0.0, min(self.contract.api_timeout, self.deadline - time.time()))
         since = time.monotonic()
         try:
-            async with asyncio.timeout(limit):
+            async with timeout_after(limit):
                 refused = await refused_permissions(
                     api_client, self.namespace, needed, (CONNECT_TIMEOUT, limit + 1), self.contract.kubernetes_conn_id
                 )
@@ -246,7 +247,7 @@ class MPIJobTrigger(BaseTrigger):
                 outcome = watching.result()
                 if self._master_ended.is_set() and outcome["outcome"] in (events.FINISHED, events.POD_FAILED):
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(DRAIN_TIMEOUT):
+                        async with timeout_after(DRAIN_TIMEOUT):
                             await asyncio.shield(following)
                     if follower.failure is not None:
                         return events.rank_failed(follower.failure, output.lines_read)
@@ -354,7 +355,7 @@ class MPIJobTrigger(BaseTrigger):
             outcome = self.decide(loop.table)  # the deadline fires here, whatever the API did
             if outcome is not None:
                 return outcome
-            bound = asyncio.timeout(max(0.0, min(self._wake() - time.time(), silence.left(since))))
+            bound = timeout_after(max(0.0, min(self._wake() - time.time(), silence.left(since))))
             token = token_generation(api_client)
             try:
                 async with bound:

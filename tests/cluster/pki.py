@@ -59,6 +59,7 @@ class PKI:
             .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._ca_key.public_key()), critical=False)
             .sign(self._ca_key, hashes.SHA256())
         )
         self.ca = KeyPair(
@@ -98,6 +99,12 @@ class PKI:
             .not_valid_after(self._not_before + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            # What kubeadm's certificates carry, and Python 3.13's strict verification requires.
+            .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_key.public_key()), critical=False
+            )
         )
         if server_names or server_ips:
             alt = [x509.DNSName(n) for n in server_names] + [

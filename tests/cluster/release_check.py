@@ -1,13 +1,14 @@
 """Run inside a virtualenv of one Airflow release with the provider's wheel installed (never this
 checkout: it imports nothing from ``tests``), by ``test_airflow_releases.py``:
 
-    python release_check.py dags|reattach|form
+    python release_check.py dags|reattach|form|socket|pycompat
 
 ``dags``: the compat DAG through ``dag.test()`` against the real control plane (the connection
 ``mpi_compat``): the results, the task states and each task's stored "MPI job" link;
 ``reattach``: a first try SIGKILLed mid-run, a second that reattaches; ``form``: the connection
 form's fields as this release's ProvidersManager reads them; ``socket``: the trigger runner's log
-socket found behind this release's logging setup. Prints one JSON line, last.
+socket found behind this release's logging setup; ``pycompat``: the timeouts and notes of
+``airflow_mpi.triggers.timeouts`` and the runner on this Python. Prints one JSON line, last.
 """
 
 from __future__ import annotations
@@ -176,12 +177,39 @@ def check_log_socket() -> dict[str, Any]:
     return {"checked": LOG_SOCKET_CHECKED, "found": found}
 
 
+def check_pycompat() -> dict[str, Any]:
+    """What differs between Pythons (``asyncio.timeout``, ``add_note``) behaves here as on 3.11."""
+    import asyncio
+
+    from airflow_mpi.runner.job import add_note
+    from airflow_mpi.triggers.timeouts import timeout_after
+
+    async def bounded(delay: float, work: float) -> tuple[str, bool]:
+        bound = timeout_after(delay)
+        try:
+            async with bound:
+                await asyncio.sleep(work)
+        except TimeoutError:  # the builtin one, as on 3.11+
+            return "TimeoutError", bound.expired()
+        return "done", bound.expired()
+
+    error = RuntimeError("failed")
+    add_note(error, "teardown left: pod x")
+    return {
+        "expired": asyncio.run(bounded(0.05, 5)),
+        "in_time": asyncio.run(bounded(5, 0.01)),
+        "notes": list(getattr(error, "__notes__", [])),
+    }
+
+
 def main(what: str, *args: str) -> None:
     import airflow
 
-    checks = {"dags": check_dags, "reattach": check_reattach, "form": check_form, "socket": check_log_socket}
+    checks = {"dags": check_dags, "reattach": check_reattach, "form": check_form, "socket": check_log_socket,
+              "pycompat": check_pycompat}  # fmt: skip
     result = checks[what](*args)
     result["airflow"] = airflow.__version__
+    result["python"] = f"{sys.version_info[0]}.{sys.version_info[1]}"
     print("RELEASE-CHECK " + json.dumps(result, default=str), flush=True)
 
 

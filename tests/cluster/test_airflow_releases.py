@@ -1,5 +1,6 @@
 """The compatibility tier: the provider's wheel on every Airflow minor it declares
-(``pyproject.toml``: ``apache-airflow>=3.0,<3.4``), the newest patch of each, in a fresh virtualenv with its
+(``pyproject.toml``: ``apache-airflow>=3.0,<3.4``), the newest patch of each, and the newest on every
+other Python it declares (``requires-python``: 3.10 to 3.13, from pyenv), in a fresh virtualenv with its
 dependencies resolved as they stood a month after that release (uv's ``--exclude-newer``, as
 Airflow's constraint files pinned them; those files are not reachable here), against the real
 control plane:
@@ -44,6 +45,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 # Every minor the package declares (its newest patch), and the day its dependencies are resolved
 # as of (about a month after the release: what its constraint files pinned).
 RELEASES = {"3.0.6": "2025-10-01", "3.1.8": "2026-04-01", "3.2.2": "2026-06-01", "3.3.2": "2026-10-01"}
+# Every other Python the package declares (``requires-python``: 3.10 to 3.13), from pyenv, with the
+# newest Airflow: the releases above run on this interpreter's (3.11).
+PYTHONS = ("3.10", "3.12", "3.13")
+NEWEST = "3.3.2"
+# What runs: an Airflow release on a Python (None: this interpreter's).
+TARGETS: dict[str, tuple[str, str | None]] = {
+    **{version: (version, None) for version in RELEASES},
+    **{f"{NEWEST}-py{python}": (NEWEST, python) for python in PYTHONS},
+}
 # Airflow 3.0 and 3.1 build a provider's connection form from WTForms fields, which come with
 # the FAB provider (the usual auth manager there); 3.2 and later read the provider info.
 FORM_FROM_WIDGETS = {"3.0.6", "3.1.8"}
@@ -106,38 +116,50 @@ AT_ONCE = 2
 
 @pytest.fixture(scope="module")
 def releases_checked(wheel: Path, cluster: Cluster) -> Iterator[dict[str, BaseException | None]]:
-    """Every release checked (``check_release``), AT_ONCE at a time, each in a virtualenv and a
-    namespace of its own: version -> the failure it met, or None."""
+    """Every target checked (``check_release``), AT_ONCE at a time, each in a virtualenv and a
+    namespace of its own: target -> the failure it met, or None."""
     if not UV.exists():
         pytest.fail("needs uv in the test environment (make setup installs it)")
-    roots = {version: Path(tempfile.mkdtemp(prefix=f"airflow-{version}-", dir="/var/tmp")) for version in RELEASES}
-    namespaces = {version: f"r{version.replace('.', '')}-{uuid.uuid4().hex[:6]}" for version in RELEASES}
+    roots = {target: Path(tempfile.mkdtemp(prefix=f"airflow-{target}-", dir="/var/tmp")) for target in TARGETS}
+    namespaces = {target: "r" + re.sub(r"[^0-9a-z]", "", target) + f"-{uuid.uuid4().hex[:6]}" for target in TARGETS}
 
-    def one(version: str) -> BaseException | None:
+    def one(target: str) -> BaseException | None:
+        version, python = TARGETS[target]
         try:
-            cluster.create_namespace(namespaces[version])
-            install_release(version, roots[version], wheel)
-            check_release(version, roots[version], cluster, namespaces[version])
+            interpreter = sys.executable if python is None else pyenv_python(python)
+            cluster.create_namespace(namespaces[target])
+            install_release(version, roots[target], wheel, interpreter)
+            check_release(version, roots[target], cluster, namespaces[target], python)
         except BaseException as failure:  # its own test reports it
             return failure
         return None
 
     with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
-        outcomes = dict(zip(RELEASES, pool.map(one, RELEASES)))
+        outcomes = dict(zip(TARGETS, pool.map(one, TARGETS)))
     yield outcomes
-    left = {version: job_objects(cluster.api(), namespace) for version, namespace in namespaces.items()}
-    for version, namespace in namespaces.items():
+    left = {target: job_objects(cluster.api(), namespace) for target, namespace in namespaces.items()}
+    for target, namespace in namespaces.items():
         cluster.delete_namespace(namespace, wait=0)
-        shutil.rmtree(roots[version], ignore_errors=True)
+        shutil.rmtree(roots[target], ignore_errors=True)
     assert not any(left.values()), f"left behind: {left}"
 
 
-def install_release(version: str, root: Path, wheel: Path) -> None:
-    """A virtualenv of that Airflow with the wheel, and an Airflow home beside it; not under /tmp
-    (every pod gets a /tmp of its own, and the ranks run its Python)."""
+def pyenv_python(minor: str) -> str:
+    """The newest pyenv interpreter of ``minor`` (e.g. 3.10 -> .../versions/3.10.13/bin/python3.10)."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    found = sorted(root.glob(f"versions/{minor}.*/bin/python{minor}"),
+                   key=lambda p: [int(part) for part in p.parts[-3].split(".") if part.isdigit()])  # fmt: skip
+    if not found:
+        raise FileNotFoundError(f"Python {minor} is declared but not in pyenv ({root}/versions): install it there")
+    return str(found[-1])
+
+
+def install_release(version: str, root: Path, wheel: Path, interpreter: str) -> None:
+    """A virtualenv of that Airflow on ``interpreter`` with the wheel, and an Airflow home beside
+    it; not under /tmp (every pod gets a /tmp of its own, and the ranks run its Python)."""
     python = root / "venv" / "bin" / "python"
     started = time.monotonic()
-    subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(root / "venv")], check=True, timeout=120)
+    subprocess.run([str(UV), "venv", "-q", "--python", interpreter, str(root / "venv")], check=True, timeout=120)
     packages = [f"apache-airflow=={version}", str(wheel)]
     if version in FORM_FROM_WIDGETS:
         packages.append("apache-airflow-providers-fab")
@@ -146,7 +168,7 @@ def install_release(version: str, root: Path, wheel: Path) -> None:
          "--exclude-newer", RELEASES[version], *packages],
         check=True, timeout=900, env={**os.environ, "UV_NO_PROGRESS": "1"},
     )  # fmt: skip
-    print(f"\nAirflow {version}: virtualenv in {time.monotonic() - started:.1f}s")
+    print(f"\nAirflow {version} on {interpreter}: virtualenv in {time.monotonic() - started:.1f}s")
     (root / "dags").mkdir()
     (root / "dags" / "compat_dag.py").write_text(textwrap.dedent(DAG))
     shutil.copy(REPO / "tests" / "cluster" / "release_check.py", root / "release_check.py")
@@ -179,16 +201,27 @@ def check(root: Path, env: dict[str, str], *args: str) -> tuple[dict[str, Any], 
     return json.loads(found[-1].split(" ", 1)[1]), output
 
 
-@pytest.mark.parametrize("version", list(RELEASES))
-def test_the_provider_runs_on_the_oldest_and_newest_airflow_it_declares(
-    version: str, releases_checked: dict[str, BaseException | None]
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_the_provider_runs_on_every_airflow_and_python_it_declares(
+    target: str, releases_checked: dict[str, BaseException | None]
 ) -> None:
-    failure = releases_checked[version]
+    failure = releases_checked[target]
     if failure is not None:
         raise failure
 
 
-def check_release(version: str, root: Path, cluster: Cluster, namespace: str) -> None:
+def test_the_declared_pythons_are_the_ones_run() -> None:
+    """``requires-python`` names exactly the Pythons this tier runs: this one and PYTHONS."""
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    run_here = sorted({f"{sys.version_info[0]}.{sys.version_info[1]}", *PYTHONS}, key=lambda v: int(v.split(".")[1]))
+    lowest, highest = run_here[0], run_here[-1]
+    assert declared == f">={lowest},<3.{int(highest.split('.')[1]) + 1}", (declared, run_here)
+    assert len(run_here) == int(highest.split(".")[1]) - int(lowest.split(".")[1]) + 1, run_here  # none skipped
+
+
+def check_release(version: str, root: Path, cluster: Cluster, namespace: str, python: str | None = None) -> None:
     env = release_env(root, cluster, namespace)
     started = time.monotonic()
     migrated = run(root, env, "airflow", "db", "migrate")
@@ -196,6 +229,8 @@ def check_release(version: str, root: Path, cluster: Cluster, namespace: str) ->
 
     ran, output = check(root, env, "dags")
     assert ran["airflow"] == version
+    if python is not None:
+        assert ran["python"] == python, ran
     assert "import_errors" not in ran, ran
     assert set(ran["states"].values()) == {"success"}, (ran["states"], output[-6000:])
     xcoms = ran["xcoms"]
@@ -226,7 +261,11 @@ def check_release(version: str, root: Path, cluster: Cluster, namespace: str) ->
     assert form["hidden"] == ["extra", "host", "login", "password", "port", "schema"], form
 
     channel, _ = check(root, env, "socket")  # the deferred log's non-blocking channel finds its socket
-    assert channel == {"checked": True, "found": True, "airflow": version}, channel
+    assert (channel["checked"], channel["found"], channel["airflow"]) == (True, True, version), channel
+
+    compat, _ = check(root, env, "pycompat")  # asyncio.timeout and add_note as on 3.11+
+    assert compat["expired"] == ["TimeoutError", True] and compat["in_time"] == ["done", False], compat
+    assert compat["notes"] == ["teardown left: pod x"], compat
 
     cli = run(root, env, "airflow-mpi", "--version")
     assert cli.returncode == 0 and __version__ in cli.stdout, cli.stdout + cli.stderr
@@ -235,4 +274,4 @@ def check_release(version: str, root: Path, cluster: Cluster, namespace: str) ->
     rendered = run(root, env, "airflow-mpi", "render", "job.json")
     assert rendered.returncode == 0 and "kind: Pod" in rendered.stdout, rendered.stdout[-2000:] + rendered.stderr
     assert job_objects(cluster.api(), namespace) == []
-    print(f"Airflow {version}: the checks in {time.monotonic() - started:.1f}s")
+    print(f"Airflow {version} (Python {python or 'of this run'}): the checks in {time.monotonic() - started:.1f}s")
