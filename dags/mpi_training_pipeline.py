@@ -26,6 +26,11 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param, task
 
+try:
+    from airflow.sdk import CronTriggerTimetable
+except ImportError:  # Airflow 3.0
+    from airflow.timetables.trigger import CronTriggerTimetable
+
 from airflow_mpi.operators.mpi import MPIJobOperator
 
 DATA_ROOT = os.environ.get("MPI_DEMO_DATA", "/var/tmp/airflow-mpi-demo")
@@ -51,9 +56,10 @@ def wait_as_the_run_asks(context) -> None:  # type: ignore[no-untyped-def]
 with DAG(
     dag_id="mpi_training_pipeline",
     description="digits: preprocess -> DeepSpeed ZeRO training over MPI -> eval",
-    # Weekly, from the next Sunday on: with no start date, unpausing the DAG (the trigger dialog
-    # does) schedules nothing for the week already past, so a manual run trains alone.
-    schedule="@weekly",
+    # Weekly, from the next Sunday on: unpausing the DAG (the trigger dialog does) schedules
+    # nothing for the week already past, so a manual run trains alone. A plain "@weekly" would run
+    # last Sunday's at once when unpaused within 10 % of a week after it (Airflow's default).
+    schedule=CronTriggerTimetable("@weekly", timezone="UTC", run_immediately=timedelta(0)),
     catchup=False,
     max_active_runs=2,
     tags=["mpi", "deepspeed", "example"],
