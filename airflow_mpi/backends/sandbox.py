@@ -55,12 +55,12 @@ from airflow_mpi.backends.processes import (
     wait_gone,
 )
 from airflow_mpi.backends.sandbox_state import (
-    MAX_PODS,
     NETNS_HOSTS_DIR,
     NETNS_PREFIX,
     RECORD,
     SUBNET_POOL,
     bridge_name,
+    free_pod_index,
     name_problem,
     prepare_state_dir,
     record_problem,
@@ -287,10 +287,9 @@ class Sandbox:
             raise LaunchError(f"pod names in sandbox {self.name}: {'; '.join(bad)}")
         with self._lock:
             for name in names:
-                index = self.next_index
-                if index + 1 >= len(hosts):
-                    raise LaunchError(f"local pods: more than {MAX_PODS} pods in {self.name}")
-                self.next_index += 1
+                fresh = self.next_index + 1 < len(hosts)  # else every address was handed out once
+                index = self.next_index if fresh else free_pod_index(self.name, hosts, self.pods.values(), link_exists)
+                self.next_index += fresh
                 pod = SandboxPod(
                     name=name,
                     netns=f"{NETNS_PREFIX}{name}",

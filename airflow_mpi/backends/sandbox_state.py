@@ -14,10 +14,11 @@ import ipaddress
 import os
 import re
 import stat
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from airflow_mpi.exceptions import BackendUnavailable
+from airflow_mpi.exceptions import BackendUnavailable, LaunchError
 
 DEFAULT_STATE_DIR = Path("/run/airflow-mpi-local")
 SUBNET_POOL = ipaddress.IPv4Network("10.244.0.0/16")
@@ -48,6 +49,18 @@ def bridge_name(sandbox: str) -> str:
 
 def veth_name(sandbox: str, index: int) -> str:
     return f"{VETH_PREFIX}{hashlib.sha256(sandbox.encode()).hexdigest()[:6]}x{index}"
+
+
+def free_pod_index(sandbox: str, hosts: list[Any], pods: Iterable[Any], link_exists: Callable[[str], bool]) -> int:
+    """The lowest pod index whose address no live pod holds and whose veth is gone (a pod being
+    removed keeps it a moment): a long-lived sandbox (the test cluster's node agent) makes more
+    pods in its life than its /24 has addresses, so their addresses are handed out again."""
+    taken = {pod.ip for pod in pods}
+    free = (i for i in range(len(hosts) - 1) if str(hosts[i + 1]) not in taken)
+    index = next((i for i in free if not link_exists(veth_name(sandbox, i))), None)
+    if index is None:
+        raise LaunchError(f"local pods: more than {len(hosts) - 1} pods at once in {sandbox}")
+    return index
 
 
 def _whole(value: Any, low: int, high: int | None = None) -> bool:
