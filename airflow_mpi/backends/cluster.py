@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 
-from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, explain
+from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, certificate_rejected, explain
 from airflow_mpi.backends.kubernetes import KubernetesBackend, Obj
 from airflow_mpi.exceptions import JobNotFound
 from airflow_mpi.job.naming import LABEL_JOB, job_selector
@@ -148,7 +148,7 @@ def check_access(backend: KubernetesBackend, namespace: str) -> tuple[bool, str]
         )
         listed = len(json.loads(response.data).get("items") or [])
     except Exception as error:
-        if api_status(error) is None:
+        if api_status(error) is None and certificate_rejected(error) is None:
             return False, f"cannot reach the Kubernetes API at {url} ({_reason(error)}): check the server address"
         return False, explain(error, request, url)
     try:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import re
+import ssl
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -75,11 +76,32 @@ def api_status(error: BaseException) -> int | None:
 
 def is_transient(error: BaseException) -> bool:
     """Whether the same request may succeed later: 429 and 5xx answers, and connection failures.
-    Every other answer (400, 401, 403, 404, 409, 422 ...) says the request itself is wrong."""
+    Every other answer (400, 401, 403, 404, 409, 422 ...) says the request itself is wrong, and
+    so does a server certificate the client does not trust (the same one comes next time)."""
     status = api_status(error)
     if status is not None:
         return status == TOO_MANY_REQUESTS or 500 <= status <= 599
+    if certificate_rejected(error) is not None:
+        return False
     return isinstance(error, (OSError, *_loaded(_CONNECTION_ERRORS)))
+
+
+def certificate_rejected(error: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The TLS verification failure under a client's connection error (urllib3 wraps it in
+    ``SSLError`` and ``MaxRetryError``, aiohttp in ``ClientConnectorCertificateError``), if any."""
+    seen: set[int] = set()
+    stack: list[object] = [error]
+    while stack:
+        found = stack.pop()
+        if not isinstance(found, BaseException) or id(found) in seen:
+            continue
+        seen.add(id(found))
+        inner = getattr(found, "certificate_error", None)  # aiohttp's error is one, wrapping ssl's
+        if isinstance(found, ssl.SSLCertVerificationError) and not isinstance(inner, ssl.SSLCertVerificationError):
+            return found
+        stack += [found.__cause__, found.__context__, *found.args]
+        stack += [getattr(found, name, None) for name in ("reason", "certificate_error", "os_error")]
+    return None
 
 
 def retry_after(error: BaseException, now: float | None = None) -> float | None:
@@ -174,6 +196,14 @@ def explain(error: BaseException, request: ApiRequest, api_url: str = "") -> str
     body = _status_body(error)
     said = str(body.get("message") or "")
     where = f"the Kubernetes API at {api_url}" if api_url else "the Kubernetes API"
+    rejected = certificate_rejected(error) if status is None else None
+    if rejected is not None:
+        why = getattr(rejected, "verify_message", "") or rejected
+        return (
+            f"{where} presented a certificate the Kubernetes connection does not trust while {request.doing} "
+            f"({why}): give the connection the cluster's CA (the kubeconfig's certificate-authority-data; in a "
+            "pod, the ServiceAccount's ca.crt), or, for a test cluster only, set its extra disable_verify_ssl to true"
+        )
     if status == UNAUTHORIZED:
         return (
             f"{where} refused the credentials (401 Unauthorized) while {request.doing}: the Kubernetes "
@@ -229,10 +259,13 @@ def _fix(reason: str) -> str:
 
 
 def is_refusal(error: BaseException) -> bool:
-    """An answer that retrying cannot change (401, 403, 404, 422 ...): the wait ends now. 410
-    Gone is not one (list again), nor are 429/5xx and connection failures (retry, bounded)."""
+    """An answer that retrying cannot change (401, 403, 404, 422 ..., or a server certificate
+    not trusted): the wait ends now. 410 Gone is not one (list again), nor are 429/5xx and
+    connection failures (retry, bounded)."""
     status = api_status(error)
-    return status is not None and status != GONE and not is_transient(error)
+    if status is None:
+        return certificate_rejected(error) is not None
+    return status != GONE and not is_transient(error)
 
 
 def _cause(error: BaseException | None) -> str:

@@ -20,7 +20,6 @@ Every wait ends: requests are bounded by ``api_timeout`` of API silence, and a r
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -34,10 +33,10 @@ from airflow_mpi.backends.core_objects import CoreObjects
 from airflow_mpi.backends.creation import JobCreation
 from airflow_mpi.backends.custom_objects import CustomObjects, TopObjects
 from airflow_mpi.backends.k8s_errors import API_TIMEOUT, RBAC_DOC, ApiSilence
+from airflow_mpi.backends.kube_connection import KubeConnection, connection_named, waiting_client
 from airflow_mpi.backends.log_follow import MasterLogFollow
 from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.backends.removal import JobRemoval
-from airflow_mpi.backends.token_file import use_token_file
 from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.job.identity import owned_by
 from airflow_mpi.job.naming import RunIdentity, job_selector
@@ -92,32 +91,15 @@ class KubernetesBackend:
     # --- clients --------------------------------------------------------------------------
 
     @cached_property
-    def _hook(self) -> Any:
-        try:
-            from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-        except ImportError as error:  # a declared dependency: missing, or the process is shutting down
-            raise BackendUnavailable(
-                f"cannot import apache-airflow-providers-cncf-kubernetes' KubernetesHook ({error})"
-            ) from error
-        return KubernetesHook(conn_id=self.kubernetes_conn_id)
+    def connection(self) -> KubeConnection:
+        """The ``kubernetes`` connection, read as the deferred path reads it (``kube_connection``)."""
+        return connection_named(self.kubernetes_conn_id)
 
     @cached_property
     def api_client(self) -> Any:
-        from kubernetes.client import ApiClient
-
         if self._api_client is not None:
             return self._api_client
-        try:
-            configuration = copy.copy(self._hook.api_client.configuration)
-            in_cluster = self._hook.is_in_cluster
-        except Exception as error:
-            raise BackendUnavailable(
-                f"cannot reach Kubernetes through connection {self.kubernetes_conn_id!r}: {error}"
-            ) from error
-        if in_cluster:  # the pod's projected token, which the kubelet rewrites while a job runs
-            configuration.api_key = dict(configuration.api_key)
-            use_token_file(configuration)
-        return ApiClient(configure_client(configuration, self.create_concurrency))
+        return waiting_client(self.connection, self.create_concurrency)
 
     @property
     def api_url(self) -> str:
@@ -157,10 +139,9 @@ class KubernetesBackend:
         if self._namespace:
             return self._namespace
         if self._api_client is None:
-            with contextlib.suppress(Exception):
-                namespace = self._hook.get_namespace()
-                if namespace:
-                    return str(namespace)
+            with contextlib.suppress(BackendUnavailable):
+                if self.connection.namespace:
+                    return self.connection.namespace
         return "default"
 
     def render_plan(self, spec: MPIJobSpec, identity: RunIdentity) -> JobPlan:
@@ -477,15 +458,6 @@ class KubernetesBackend:
         selector = self.kind.master_selector(job_name)
         pods = self.objects.list(namespace, "pods", selector) if selector else []
         return self.kind.master_pod(job_name, pods)
-
-
-def configure_client(configuration: Any, concurrency: int = 16) -> Any:
-    """What every request of the backend relies on, set on a client ``Configuration``: one pooled
-    connection per create thread, and no retries inside urllib3 (the backend retries itself,
-    bounded by ``api_timeout``; urllib3's would repeat a hung read up to three times)."""
-    configuration.connection_pool_maxsize = max(concurrency + 4, 16)
-    configuration.retries = 0
-    return configuration
 
 
 def pod_launch_script(pod: Mapping[str, Any]) -> str:

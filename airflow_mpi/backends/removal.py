@@ -20,7 +20,7 @@ from airflow_mpi.exceptions import BackendError
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
 from airflow_mpi.kinds.manifests import LOG_LEASE, log_lease_name
-from airflow_mpi.kinds.strategy import JobKind
+from airflow_mpi.kinds.strategy import SERVICE, JobKind
 from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
 from airflow_mpi.spec import Gang
 
@@ -31,6 +31,21 @@ DIRECT_DELETE_WAIT = POD_TERMINATION_GRACE_SECONDS + 10.0
 GC_SETTLE = 5.0  # seconds leftovers gives the garbage collector once the top object is gone
 
 
+SERVICES = SERVICE[:3]  # our Service, named after the job (the ``pods`` kind's owner)
+
+
+def job_deletions(kind: JobKind, custom_objects: list[tuple[str, str, str]]) -> list[tuple[tuple[str, str, str], str]]:
+    """What removing a job deletes by its name, in order, each with its propagation: the kind's
+    top object (with the kind's own), our Service, then the other custom objects a kill deletes
+    (Kueue's Workload, a TrainJob's runtime). Both waits remove a job so: the waiting path's
+    teardown (``JobRemoval``), then the deferred one's kill (``MPIJobTrigger.on_kill``), which
+    stops there (its Role lists, gets and deletes nothing else: the collector takes the rest)."""
+    top = kind.top_resource[:3] if kind.controller_makes_pods() else None
+    first = [(top, kind.deletion_propagation())] if top is not None and top in custom_objects else []
+    rest = [(resource, "Background") for resource in custom_objects if resource != top]
+    return [*first, (SERVICES, "Background"), *rest]
+
+
 class JobRemoval:
     """Removes jobs of one kind through the backend's clients."""
 
@@ -38,56 +53,64 @@ class JobRemoval:
         self.objects, self.custom, self.kind = objects, custom, kind
 
     def remove(self, job: WatchedJob | None, job_name: str, namespace: str) -> None:
-        """Delete the job's top object (the rest goes with it) and wait until its pods are gone
-        (``job``: its watch, when this process has one)."""
-        controller = self.kind.controller_makes_pods()
+        """Delete the job's objects (``job_deletions``: the rest goes with them) and wait until
+        its pods are gone (``job``: its watch, when this process has one)."""
+        plan = job.plan if job is not None else None
         top = self.kind.top_resource
-        if controller:  # foreground (as a rule): it is gone only once everything it owns is
-            self.custom.delete(namespace, top, job_name, propagation=self.kind.deletion_propagation())
-        self._remove_core(job, job_name, namespace)
-        if controller:
-            self.custom.wait_gone(namespace, top, job_name, TEARDOWN_WAIT)
-
-    def _remove_core(self, job: WatchedJob | None, job_name: str, namespace: str) -> None:
-        """Delete the Service (the ``pods`` kind's owner; a controller's kind may have one by
-        the job's name) and Kueue's Workload, then wait for the pods."""
+        controller = self.kind.controller_makes_pods()
+        custom = self.kind.custom_objects_to_delete(plan) if plan is not None else [top[:3]] if controller else []
+        if plan is not None and plan.spec.scheduling.gang is Gang.KUEUE and KUEUE_WORKLOAD[:3] not in custom:
+            custom.append(KUEUE_WORKLOAD[:3])  # before the wait: Kueue's finalizer holds the pods until it goes
         since = time.monotonic()
+        failed: BackendError | None = None
         try:
-            try:
-                self.objects.delete(namespace, "services", job_name, since, propagation="Background")
-            except BackendError as error:
-                raise type(error)(
-                    f"{error}; then delete the Service {job_name} in namespace {namespace} (kubectl delete service "
-                    f"{job_name} -n {namespace}): the job's other objects and pods go with it"
-                ) from error
-            failed: BackendError | None = None
-            try:  # before the wait: Kueue's finalizer holds the pods until its Workload goes
-                if job is not None and job.plan is not None and job.plan.spec.scheduling.gang is Gang.KUEUE:
-                    self.custom.delete(namespace, KUEUE_WORKLOAD, job_name, since=since)
-            except BackendError as error:
-                failed = error
-            if job is None:
-                if failed is not None:
-                    raise failed
-                return
-            failed = self._force_delete_on_lost_nodes(job, namespace, since) or failed
-            left = _pods_left_after(job.watcher, TEARDOWN_WAIT)
-            if left is None:  # no watch to tell: ask; if the API will not say, the collector has them
-                with contextlib.suppress(BackendError):
-                    pods = self.objects.list(namespace, "pods", job_selector(job_name), since)
-                    left = [p["metadata"]["name"] for p in pods]
-            job.final_pods = left or []
-            if job.final_pods:
-                failed = self._delete_without_collector(namespace, job_name, job.final_pods, since) or failed
-                # the kubelet stops them within their grace period: wait for that, not less
-                left = _pods_left_after(job.watcher, DIRECT_DELETE_WAIT)
-                if left is not None:
-                    job.final_pods = left
-            if failed is not None:
-                raise failed
+            for resource, propagation in job_deletions(self.kind, custom):
+                try:
+                    if resource == SERVICES:
+                        self._delete_service(namespace, job_name, since)
+                    else:
+                        gvk = (*resource, "")  # (group, version, plural): what a delete names
+                        self.custom.delete(namespace, gvk, job_name, propagation=propagation, since=since)
+                except BackendError as error:
+                    if resource != KUEUE_WORKLOAD[:3]:
+                        raise
+                    failed = error  # the pods are still waited for: Kueue's finalizer held them
+            if job is not None:
+                self._wait_pods_gone(job, job_name, namespace, since)
         finally:
             if job is not None:
                 job.watcher.stop()
+        if failed is not None:
+            raise failed
+        if controller:  # foreground (as a rule): it is gone only once everything it owns is
+            self.custom.wait_gone(namespace, top, job_name, TEARDOWN_WAIT)
+
+    def _delete_service(self, namespace: str, job_name: str, since: float) -> None:
+        try:
+            self.objects.delete(namespace, "services", job_name, since, propagation="Background")
+        except BackendError as error:
+            raise type(error)(
+                f"{error}; then delete the Service {job_name} in namespace {namespace} (kubectl delete service "
+                f"{job_name} -n {namespace}): the job's other objects and pods go with it"
+            ) from error
+
+    def _wait_pods_gone(self, job: WatchedJob, job_name: str, namespace: str, since: float) -> None:
+        """Wait for the job's pods to go; delete directly what a slow or absent collector left."""
+        failed = self._force_delete_on_lost_nodes(job, namespace, since)
+        left = _pods_left_after(job.watcher, TEARDOWN_WAIT)
+        if left is None:  # no watch to tell: ask; if the API will not say, the collector has them
+            with contextlib.suppress(BackendError):
+                pods = self.objects.list(namespace, "pods", job_selector(job_name), since)
+                left = [p["metadata"]["name"] for p in pods]
+        job.final_pods = left or []
+        if job.final_pods:
+            failed = self._delete_without_collector(namespace, job_name, job.final_pods, since) or failed
+            # the kubelet stops them within their grace period: wait for that, not less
+            left = _pods_left_after(job.watcher, DIRECT_DELETE_WAIT)
+            if left is not None:
+                job.final_pods = left
+        if failed is not None:
+            raise failed
 
     def _force_delete_on_lost_nodes(self, job: WatchedJob, namespace: str, since: float) -> BackendError | None:
         """A pod whose Node stopped reporting stays Terminating until that Node's kubelet confirms

@@ -86,7 +86,8 @@ def _backend_from_kubeconfig(
 ) -> KubernetesBackend:
     from kubernetes import client, config
 
-    from airflow_mpi.backends.kubernetes import KubernetesBackend, configure_client
+    from airflow_mpi.backends.kube_connection import configure_client
+    from airflow_mpi.backends.kubernetes import KubernetesBackend
 
     path = path or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
     if not os.path.isfile(path):

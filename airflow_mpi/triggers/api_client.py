@@ -20,14 +20,22 @@ import contextlib
 import importlib
 import json
 import os
+import socket
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
+from airflow_mpi.backends.kube_connection import (
+    IN_CLUSTER,
+    KEEPALIVE_DEFAULTS,
+    KubeConnection,
+    keepalive_options,
+    read_kube_connection,
+)
 from airflow_mpi.backends.token_file import use_token_file
 from airflow_mpi.observe.lines import LineSplitter
 
@@ -73,11 +81,11 @@ async def shared_api_client(conn_id: str) -> AsyncIterator[Any]:
     own = None  # an exec-plugin user's configuration: a client of its own
     async with shared.lock:  # the first wait loads the configuration; the rest reuse its client
         if shared.client is None:
-            configuration, shareable = await load_configuration(conn_id)
-            if shareable:
-                shared.client = _new_client(configuration)
+            loaded = await load_configuration(conn_id)
+            if loaded.shareable:
+                shared.client = _new_client(loaded)
             else:
-                own = configuration
+                own = loaded
         if own is None:
             shared.users += 1
     if own is not None:
@@ -96,48 +104,83 @@ async def shared_api_client(conn_id: str) -> AsyncIterator[Any]:
                 await client.close()
 
 
-def _new_client(configuration: Any) -> Any:
+def _new_client(loaded: Loaded) -> Any:
     from kubernetes_asyncio.client import ApiClient
 
-    configuration.connection_pool_maxsize = 0  # no cap: every wait holds a watch open at once
-    return ApiClient(configuration)
+    loaded.configuration.connection_pool_maxsize = 0  # no cap: every wait holds a watch open at once
+    client = ApiClient(loaded.configuration)
+    if loaded.socket_options:
+        # aiohttp takes no socket options: its connector makes each socket through this factory
+        # (aiohttp 3.12+; older ones connect without keepalive), as urllib3 takes ``socket_options``.
+        connector: Any = client.rest_client.pool_manager.connector
+        if hasattr(connector, "_socket_factory"):
+            connector._socket_factory = _socket_factory(loaded.socket_options)
+    return client
 
 
-async def load_configuration(conn_id: str) -> tuple[Any, bool]:
-    """The client configuration the connection names, and whether it may be shared (False for
-    an exec-plugin user, whose token must be fetched again for each wait)."""
+def _socket_factory(options: list[tuple[int, int, int]]) -> Any:
+    def make(addr_info: tuple[Any, ...]) -> socket.socket:
+        family, type_, proto = addr_info[:3]
+        sock = socket.socket(family=family, type=type_, proto=proto)
+        for option in options:
+            sock.setsockopt(*option)
+        return sock
+
+    return make
+
+
+class Loaded(NamedTuple):
+    """A connection's client configuration, whether a client of it may be shared (not for an
+    exec-plugin user, whose token must be fetched again for each wait), and the socket options
+    its connections get (TCP keepalive unless the connection disables it)."""
+
+    configuration: Any
+    shareable: bool
+    socket_options: list[tuple[int, int, int]]
+
+
+async def load_configuration(conn_id: str) -> Loaded:
+    """What connection ``conn_id`` asks for, read as the waiting path reads it (``kube_connection``)."""
+    connection = read_kube_connection(conn_id, await _connection_extras(conn_id))
+    configuration, shareable = await _load(connection)
+    if not connection.verify_ssl:  # as the waiting path's hook does
+        configuration.verify_ssl = False
+    return Loaded(configuration, shareable, keepalive_settings() if connection.tcp_keepalive else [])
+
+
+def keepalive_settings() -> list[tuple[int, int, int]]:
+    """TCP keepalive as the provider sets it for the waiting path (``[kubernetes_executor]``)."""
+    from airflow_mpi.compat import conf
+
+    settings = conf()
+    values = {
+        name: settings.getint("kubernetes_executor", name, fallback=default)
+        for name, default in KEEPALIVE_DEFAULTS.items()
+    }
+    return keepalive_options(values["tcp_keep_idle"], values["tcp_keep_intvl"], values["tcp_keep_cnt"])
+
+
+async def _load(connection: KubeConnection) -> tuple[Any, bool]:
     from kubernetes_asyncio import config
     from kubernetes_asyncio.client import Configuration
     from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION as default_location
 
-    extras = await _connection_extras(conn_id)
-
-    def extra(name: str) -> Any:
-        return extras.get(name, extras.get(f"extra__kubernetes__{name}"))
-
-    in_cluster, context = extra("in_cluster"), extra("cluster_context")
-    path, inline = extra("kube_config_path"), extra("kube_config")
-    if sum(1 for chosen in (in_cluster, path, inline) if chosen) > 1:
-        raise ValueError(
-            f"connection {conn_id!r}: kube_config_path, kube_config and in_cluster are mutually exclusive; "
-            "keep one of them in its extras"
-        )
-    configuration = Configuration()
-    if in_cluster:
+    configuration, context = Configuration(), connection.cluster_context
+    if connection.source == IN_CLUSTER:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return use_token_file(configuration), True  # the token as the kubelet last wrote it
-    if inline:
-        data = inline if isinstance(inline, dict) else yaml.safe_load(inline)
+    if connection.kube_config is not None:
+        data = connection.kube_config
         await config.load_kube_config_from_dict(data, context=context, client_configuration=configuration)
         return configuration, not _uses_exec(data, context)
-    if not path:  # nothing chosen: in a pod its ServiceAccount, as the waiting path's KubernetesHook
+    path = connection.kube_config_path
+    if path is None:  # nothing chosen: in a pod its ServiceAccount, as the waiting path's KubernetesHook
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:  # not in a pod: the default kubeconfig
-            path = None
+            pass
         else:
             return use_token_file(configuration), True
-    if path is None:
         existing = [p for p in map(os.path.expanduser, default_location.split(os.pathsep)) if p]
         existing = [p for p in existing if os.path.exists(p)]
         path_for_exec = existing[0] if len(existing) == 1 else None  # a merge: which user is active is the client's
@@ -150,7 +193,7 @@ async def load_configuration(conn_id: str) -> tuple[Any, bool]:
         return configuration, not _uses_exec(yaml.safe_load(handle), context)
 
 
-async def _connection_extras(conn_id: str) -> dict[str, Any]:
+async def _connection_extras(conn_id: str) -> Any:
     from airflow_mpi.compat import AirflowNotFoundException, get_async_connection
 
     try:
@@ -159,8 +202,7 @@ async def _connection_extras(conn_id: str) -> dict[str, Any]:
         if conn_id != DEFAULT_CONN_ID:
             raise
         return {}  # the default connection need not exist: the default kubeconfig then
-    extras = connection.extra_dejson
-    return json.loads(extras) if isinstance(extras, str) else dict(extras)
+    return connection.extra_dejson
 
 
 def _uses_exec(kubeconfig: dict[str, Any], context: str | None) -> bool:

@@ -37,6 +37,7 @@ from airflow_mpi.backends.k8s_errors import (
     explain,
     is_refusal,
 )
+from airflow_mpi.backends.removal import job_deletions
 from airflow_mpi.backends.token_file import renewed_since, token_generation
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome, WaitContract
 from airflow_mpi.job.naming import job_selector
@@ -464,25 +465,19 @@ class MPIJobTrigger(BaseTrigger):
         await import_client()
         from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 
+        timeout = (CONNECT_TIMEOUT, KILL_TIMEOUT)
         async with shared_api_client(self.contract.kubernetes_conn_id) as api_client:
-            for group, version, plural in self.contract.custom_objects:
-                with contextlib.suppress(Exception):
-                    await CustomObjectsApi(api_client).delete_namespaced_custom_object(
-                        group,
-                        version,
-                        self.namespace,
-                        plural,
-                        self.job_name,
-                        body=V1DeleteOptions(),
-                        _request_timeout=(CONNECT_TIMEOUT, KILL_TIMEOUT),
-                    )
-            with contextlib.suppress(Exception):
-                await CoreV1Api(api_client).delete_namespaced_service(
-                    self.job_name,
-                    self.namespace,
-                    body=V1DeleteOptions(propagation_policy="Background"),
-                    _request_timeout=(CONNECT_TIMEOUT, KILL_TIMEOUT),
-                )
+            for (group, version, plural), propagation in job_deletions(self.kind, list(self.contract.custom_objects)):
+                body = V1DeleteOptions(propagation_policy=propagation)
+                with contextlib.suppress(Exception):  # not there, or refused: the task's failure says the rest
+                    if plural == "services" and not group:
+                        await CoreV1Api(api_client).delete_namespaced_service(
+                            self.job_name, self.namespace, body=body, _request_timeout=timeout
+                        )
+                    else:
+                        await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                            group, version, self.namespace, plural, self.job_name, body=body, _request_timeout=timeout
+                        )
         self.log.info("task killed (its state: %s): MPI job %s deleted", state, self.job_name)
 
 

@@ -117,7 +117,7 @@ def api_client(kubeconfig: Path) -> Any:
     """A kubernetes client configured as the backend configures its own."""
     from kubernetes import client, config
 
-    from airflow_mpi.backends.kubernetes import configure_client
+    from airflow_mpi.backends.kube_connection import configure_client
 
     configuration = client.Configuration()
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from airflow_mpi.backends.kubernetes import KubernetesBackend, configure_client
+from airflow_mpi.backends.kube_connection import configure_client
+from airflow_mpi.backends.kubernetes import KubernetesBackend
 from tests.doubles.kube_double import KubeDouble, PodScript, ScriptedKubelet
 
 JOB_KINDS = ("pods", "services", "secrets", "configmaps", "leases.coordination.k8s.io")

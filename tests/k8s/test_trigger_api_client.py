@@ -67,7 +67,7 @@ def test_an_exec_plugin_user_is_not_shared(double: KubeDouble, monkeypatch: pyte
     monkeypatch.setenv("AIRFLOW_CONN_KUBE_EXEC", json.dumps({"conn_type": "kubernetes", "extra": extra}))
 
     async def scenario() -> tuple[Any, Any, bool]:
-        _, shareable = await load_configuration("kube_exec")
+        shareable = (await load_configuration("kube_exec")).shareable
         async with shared_api_client("kube_exec") as first, shared_api_client("kube_exec") as second:
             return first, second, shareable
 
@@ -76,8 +76,14 @@ def test_an_exec_plugin_user_is_not_shared(double: KubeDouble, monkeypatch: pyte
     assert first is not second
 
 
-def test_a_connection_with_two_configurations_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_connection_with_two_configurations_is_refused_by_name_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_mpi.backends.kubernetes import KubernetesBackend
+    from airflow_mpi.exceptions import BackendUnavailable
+
     extra = {"in_cluster": True, "kube_config_path": "/nonexistent"}
     monkeypatch.setenv("AIRFLOW_CONN_KUBE_BOTH", json.dumps({"conn_type": "kubernetes", "extra": extra}))
-    with pytest.raises(ValueError, match="kube_config_path, kube_config and in_cluster are mutually exclusive"):
+    said = "connection 'kube_both': in_cluster, kube_config_path are mutually exclusive"
+    with pytest.raises(ValueError, match=said):
         asyncio.run(load_configuration("kube_both"))
+    with pytest.raises(BackendUnavailable, match=said):  # the waiting path, before any request
+        _ = KubernetesBackend(kubernetes_conn_id="kube_both").api_client
