@@ -22,6 +22,11 @@ MPIEXEC = "mpiexec"
 RANK_PODS_VAR = "AIRFLOW_MPI_RANK_PODS"
 ENV_FILE_VAR = "AIRFLOW_MPI_ENV_FILE"
 
+# ``spec.timeout`` counts from mpiexec's start, as its own ``--timeout`` does; the task's side
+# (the waiting runner, the deferred trigger) ends the job this long after it, so that mpiexec's
+# own report (each rank's state) comes first and names the timeout.
+TIMEOUT_GRACE = 3.0
+
 
 def build_host_args(spec: MPIJobSpec, topology: Topology, paths: PodPaths = DEFAULT_PATHS) -> list[str]:
     """``--host h:n,...`` or ``--hostfile /etc/mpi/hostfile``, never both (docs/contract.md#hostfile-mode)."""

@@ -7,8 +7,9 @@ reads the script and compares). Each problem is explained in docs/contract.md#fa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 
 from airflow_mpi.observe.status import PodPhase, PodState
@@ -114,3 +115,30 @@ def probes_from_states(job_name: str, states: Sequence[PodState], roles: Mapping
         else:
             probes.append(HostProbe(host, HostProblem.OK))
     return probes
+
+
+def ready_since(pods: Iterable[Mapping[str, object]]) -> float | None:
+    """When the last of ``pods`` became Ready (epoch seconds, from the API's ``Ready``
+    condition), the moment mpiexec may start; None when one of them does not say. Read from the
+    pods, so a trigger started again elsewhere finds the same moment."""
+    latest: float | None = None
+    for pod in pods:
+        status = pod.get("status")
+        conditions = status.get("conditions") if isinstance(status, Mapping) else None
+        ready = next(
+            (
+                c
+                for c in conditions or []
+                if isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
+            ),
+            None,
+        )
+        stamp = ready.get("lastTransitionTime") if ready is not None else None
+        if not isinstance(stamp, str):
+            return None
+        try:
+            when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+        latest = when if latest is None else max(latest, when)
+    return latest

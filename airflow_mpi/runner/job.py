@@ -30,6 +30,7 @@ from airflow_mpi.exceptions import (
     LaunchError,
     MPIJobError,
 )
+from airflow_mpi.job.mpirun import TIMEOUT_GRACE
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.observe.diagnosis import Cause, EvidenceCollector, explain
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
@@ -42,7 +43,6 @@ from airflow_mpi.runner.waits import QueueWait, build_not_ready_error, wait_for_
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.5  # how often workers are checked while the master runs
-TIMEOUT_GRACE = 3.0  # mpiexec --timeout reports first; past this the task side kills the job
 # Causes that can go unnoticed: a nested launcher on CPUs gives every rank its own world of one,
 # and the job "succeeds" having trained N separate models.
 WARN_ON_SUCCESS = frozenset({Cause.NESTED_LAUNCHER})

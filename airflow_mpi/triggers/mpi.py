@@ -40,13 +40,14 @@ from airflow_mpi.backends.k8s_errors import (
 from airflow_mpi.backends.removal import job_deletions
 from airflow_mpi.backends.token_file import renewed_since, token_generation
 from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome, WaitContract
+from airflow_mpi.job.mpirun import TIMEOUT_GRACE
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.manifests import log_lease_name
 from airflow_mpi.kinds.strategy import job_kind
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
 from airflow_mpi.observe.output import TAIL_LINES
 from airflow_mpi.observe.queueing import QueueClock
-from airflow_mpi.observe.readiness import probes_from_states, summarize_not_ready
+from airflow_mpi.observe.readiness import probes_from_states, ready_since, summarize_not_ready
 from airflow_mpi.observe.status import JobPhase, PodState, PodTable, WatchLoop, evaluate_job
 from airflow_mpi.spec import Role
 from airflow_mpi.triggers.api_client import import_client, raise_for_status, shared_api_client, watch_events
@@ -139,12 +140,12 @@ class MPIJobTrigger(BaseTrigger):
             return events.pod_failed(status.failed_pod, status.exit_code, status.reason, starting=starting)
         if self.contract.wait_for == WAIT_READY and status.phase is JobPhase.READY:
             return events.ready()
-        not_started = self._still_starting(states, now)
+        not_started = self._still_starting(states, now, table)
         if not_started is not None:
             return not_started
         if self.contract.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
             return events.finished()
-        if time.time() >= self.deadline:
+        if time.time() >= self.deadline + self._grace():
             if self.contract.wait_for == WAIT_READY:
                 probes = probes_from_states(self.job_name, states, self.roles)
                 return events.startup_timeout(
@@ -377,20 +378,29 @@ class MPIJobTrigger(BaseTrigger):
             if outcome is not None:
                 return outcome
 
-    def _still_starting(self, states: list[PodState], now: float) -> Outcome | None:
+    def _still_starting(self, states: list[PodState], now: float, table: PodTable) -> Outcome | None:
         """The startup bound of a job whose master started with its workers: once every worker
-        is Ready it is lifted; past it, the workers not Ready are named, as the sensor names them."""
+        is Ready it is lifted, and the job's timeout counts from then (mpiexec starts then, and
+        the waiting path counts from mpiexec's start); past it, the workers not Ready are named,
+        as the sensor names them."""
         if self.startup_deadline is None:
             return None
         probes = probes_from_states(self.job_name, states, self.roles)
         if all(probe.ok for probe in probes):
             self.startup_deadline = None
+            workers = [table.pods[name] for name in self.contract.worker_pods if name in table.pods]
+            started = ready_since(workers) or now
+            self.deadline = max(self.deadline, started + self.contract.timeout)
             return None
         if now < self.startup_deadline:
             return None
         return events.startup_timeout(
             summarize_not_ready(probes, float(self.contract.startup_timeout or 0), self.contract.ssh_port)
         )
+
+    def _grace(self) -> float:
+        """Past the deadline, mpiexec's own ``--timeout`` reports first (waiting for the end)."""
+        return TIMEOUT_GRACE if self.contract.wait_for == WAIT_FINISHED else 0.0
 
     def _master_ended_set(self) -> bool:
         return self._master_ended is not None and self._master_ended.is_set()
@@ -402,7 +412,8 @@ class MPIJobTrigger(BaseTrigger):
         """When ``decide`` must look again whatever the API does: the deadline, or the end of
         the allowed queue wait when it comes first (the deadline moves on while queued)."""
         clock = self.queue_clock
-        wake = self.deadline if self.startup_deadline is None else min(self.deadline, self.startup_deadline)
+        deadline = self.deadline + self._grace()
+        wake = deadline if self.startup_deadline is None else min(deadline, self.startup_deadline)
         if clock.limit is None or clock.since is None:
             return wake
         return min(wake, clock.since + clock.limit - clock.waited)

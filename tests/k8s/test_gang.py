@@ -252,7 +252,7 @@ def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeo
         "namespace": "default",
         "kubernetes_conn_id": "kube_double",
         "wait_for": "finished",
-        "deadline": time.time() - 1,  # the job's timeout has passed...
+        "deadline": time.time() - 5,  # the job's timeout (and mpiexec's grace) has passed...
         "worker_pods": ["job-1-worker-0"],
         "master_pod": "job-1-master-0",
         "timeout": 30.0,
@@ -260,15 +260,17 @@ def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeo
     }
     table = PodTable()
     table.replace([_waiting_pod("job-1-master-0", "master"), _waiting_pod("job-1-worker-0", "worker")], "5")
-    trigger = MPIJobTrigger(**fields)
+    trigger = MPIJobTrigger(contract={"api_timeout": 60.0, **fields})
     assert trigger.decide(table) is None  # ...but the job is queued, not stuck
     assert trigger.deadline > time.time() + 25
     assert trigger.decide(PodTable()) is None  # no pods yet (Volcano: before admission)
-    bounded = MPIJobTrigger(**{**fields, "queue_timeout": 1.0, "created_at": time.time() - 2})
+    bounded = MPIJobTrigger(
+        contract={"api_timeout": 60.0, **fields, "queue_timeout": 1.0, "created_at": time.time() - 2}
+    )
     outcome = bounded.decide(table)
     assert outcome is not None and outcome["status"] == "timeout"
     assert "scheduling.queue_timeout" in outcome["reason"] and "pod group waits" in outcome["reason"]
-    assert MPIJobTrigger(**{**fields, "gang": False}).decide(table) == {
+    assert MPIJobTrigger(contract={"api_timeout": 60.0, **fields, "gang": False}).decide(table) == {
         "outcome": "job_timeout",
         "status": "timeout",
         "reason": "the job ran past its timeout of 30s",
@@ -295,16 +297,19 @@ def test_killing_a_deferred_gang_job_deletes_its_custom_objects_too(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     trigger = MPIJobTrigger(
-        job_name=plan.job_name,
-        namespace="default",
-        kubernetes_conn_id="kube_double",
-        wait_for="finished",
-        deadline=time.time() + 30,
-        worker_pods=[plan.workers[0].name],
-        master_pod=plan.master.name,
-        timeout=30.0,
-        gang=True,
-        custom_objects=[list(kind) for kind in backend.custom_objects_to_delete(plan)],
+        contract={
+            "job_name": plan.job_name,
+            "namespace": "default",
+            "kubernetes_conn_id": "kube_double",
+            "wait_for": "finished",
+            "deadline": time.time() + 30,
+            "worker_pods": [plan.workers[0].name],
+            "master_pod": plan.master.name,
+            "timeout": 30.0,
+            "api_timeout": 60.0,
+            "gang": True,
+            "custom_objects": [list(kind) for kind in backend.custom_objects_to_delete(plan)],
+        }
     )
     asyncio.run(trigger.on_kill())
     deadline = time.monotonic() + 10

@@ -160,6 +160,38 @@ def test_waiting_for_the_end_bounds_the_workers_start() -> None:
     assert trigger(wait_for="finished").startup_deadline is None
 
 
+def ready_at(made: dict[str, Any], when: float) -> dict[str, Any]:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+    made["status"]["conditions"][0]["lastTransitionTime"] = stamp
+    return made
+
+
+def test_the_timeout_counts_from_the_workers_ready_and_mpiexec_reports_first() -> None:
+    """As the waiting path: ``timeout`` runs from mpiexec's start (the last worker Ready, read
+    from the pods: a trigger started again elsewhere finds the same moment), and the job is
+    ended TIMEOUT_GRACE past it, so that mpiexec's own --timeout report comes first."""
+    from airflow_mpi.job.mpirun import TIMEOUT_GRACE
+
+    now = time.time()
+    deferred_at, ready = now - 100, now - 40  # sshd took 60 s of the 100 s timeout
+    made = trigger(wait_for="finished", startup_timeout=120.0, timeout=100.0, deadline=deferred_at + 100)
+    pods = table(
+        ready_at(pod("job-1-worker-0", "worker", ready=True), ready - 5),
+        ready_at(pod("job-1-worker-1", "worker", ready=True), ready),
+        pod("job-1-master-0", "master"),
+    )
+    assert made.decide(pods) is None  # the timeout has 60 s to go, not 0
+    assert abs(made.deadline - (ready + 100)) < 1.5
+    assert abs(made._wake() - (ready + 100 + TIMEOUT_GRACE)) < 1.5
+    made.deadline = time.time() - TIMEOUT_GRACE / 2
+    assert made.decide(pods) is None  # mpiexec's own --timeout reports within the grace
+    made.deadline = time.time() - TIMEOUT_GRACE - 0.1
+    fired = made.decide(pods)
+    assert fired is not None and fired["outcome"] == "job_timeout"
+    # Waiting for Ready only (no mpiexec yet): no grace.
+    assert trigger(deadline=time.time() - 0.1).decide(table(pod("job-1-worker-0", "worker"))) is not None
+
+
 @pytest.mark.usefixtures("connections")
 def test_a_deferrable_task_creates_the_job_whole_and_defers_once(double: KubeDouble) -> None:
     from airflow.sdk.exceptions import TaskDeferred
