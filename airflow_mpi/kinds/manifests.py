@@ -6,6 +6,7 @@ worker pods, master pod. Core objects only: nothing to install in the cluster.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 from airflow_mpi import contract
@@ -13,7 +14,8 @@ from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, POD_TERMINATION_GRACE_S
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB, LABEL_PREFIX
 from airflow_mpi.job.plan import JobPlan, PodPlan
-from airflow_mpi.spec import RoleSpec, Volume, render_cpu
+from airflow_mpi.job.ssh import SshMaterial
+from airflow_mpi.spec import Role, RoleSpec, Volume, render_cpu
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # the Service's uid, known after create
 REDACTED = "<generated per job; not shown>"
@@ -345,3 +347,13 @@ def downward_pod_name(item: dict[str, Any]) -> dict[str, Any]:
     if item["name"] != contract.ENV_POD_NAME:
         return item
     return {"name": item["name"], "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+
+
+def share_worker_host_key(plan: JobPlan) -> JobPlan:
+    """The plan with one host key for every worker: a controller makes every worker from one
+    template (a Volcano task, an MPIJob's or a JobSet's replicated Job), so they share it."""
+    if not plan.workers:
+        return plan
+    shared = plan.ssh.host_keys[plan.workers[0].name]
+    keys = {pod.name: shared if pod.role is Role.WORKER else plan.ssh.host_keys[pod.name] for pod in plan.pods}
+    return dataclasses.replace(plan, ssh=SshMaterial(client=plan.ssh.client, host_keys=keys))

@@ -36,6 +36,7 @@ from airflow_mpi.kinds.manifests import (
     render_pod_template,
     render_secret,
     require_image,
+    share_worker_host_key,
 )
 from airflow_mpi.kinds.strategy import (
     CONTROLLER_GRACE,
@@ -45,7 +46,6 @@ from airflow_mpi.kinds.strategy import (
     top_condition,
     without_cleanup_kills,
 )
-from airflow_mpi.kinds.volcano import share_worker_host_key
 from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, HostsMode, MPIJobSpec, Role
 from airflow_mpi.spec.formats import DNS_LABEL

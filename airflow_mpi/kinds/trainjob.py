@@ -40,6 +40,7 @@ from airflow_mpi.kinds.manifests import (
     render_secret,
     require_image,
     secret_name,
+    share_worker_host_key,
 )
 from airflow_mpi.kinds.strategy import (
     CONTROLLER_GRACE,
@@ -50,7 +51,6 @@ from airflow_mpi.kinds.strategy import (
     top_condition,
     without_cleanup_kills,
 )
-from airflow_mpi.kinds.volcano import share_worker_host_key
 from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
 

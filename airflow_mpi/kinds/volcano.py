@@ -15,13 +15,11 @@ per-pod Secret items.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection
 
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan, PodPlan
-from airflow_mpi.job.ssh import SshMaterial
 from airflow_mpi.kinds.manifests import (
     PLACEHOLDER_UID,
     Manifest,
@@ -31,10 +29,11 @@ from airflow_mpi.kinds.manifests import (
     render_pod_template,
     render_secret,
     require_image,
+    share_worker_host_key,
 )
 from airflow_mpi.kinds.strategy import NOT_QUEUED, JobKind, Obj, QueueCheck
 from airflow_mpi.observe.status import PodState
-from airflow_mpi.spec import Gang, Role
+from airflow_mpi.spec import Gang
 
 VOLCANO_JOB = ("batch.volcano.sh", "v1alpha1", "jobs", "Job")
 DEFAULT_QUEUE = "default"
@@ -59,15 +58,6 @@ def render_volcano_owner_reference(plan: JobPlan, uid: str) -> Manifest:
     """The Volcano Job owns our Secret and ConfigMap: deleting it garbage-collects them."""
     group, version, _, kind = VOLCANO_JOB
     return {"apiVersion": f"{group}/{version}", "kind": kind, "name": plan.job_name, "uid": uid, "controller": True}
-
-
-def share_worker_host_key(plan: JobPlan) -> JobPlan:
-    """The plan with one host key for every worker (a task's template is the same for all)."""
-    if not plan.workers:
-        return plan
-    shared = plan.ssh.host_keys[plan.workers[0].name]
-    keys = {pod.name: shared if pod.role is Role.WORKER else plan.ssh.host_keys[pod.name] for pod in plan.pods}
-    return dataclasses.replace(plan, ssh=SshMaterial(client=plan.ssh.client, host_keys=keys))
 
 
 def render_volcano_manifests(

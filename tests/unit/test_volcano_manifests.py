@@ -12,9 +12,9 @@ import pytest
 from airflow_mpi import contract
 from airflow_mpi.exceptions import SpecError
 from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB
+from airflow_mpi.kinds.manifests import share_worker_host_key
 from airflow_mpi.kinds.volcano import (
     render_volcano_manifests,
-    share_worker_host_key,
     volcano_config_map_name,
     volcano_secret_name,
 )
