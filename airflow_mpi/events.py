@@ -6,8 +6,7 @@ serializes it as it came (primitives only: Airflow stores it).
 The trigger's event says what ended the wait in one tag, ``outcome``, and carries the fields of
 that outcome only: a discriminated union (``Outcome``), built by the functions below and read
 back with ``outcome_of``. The coarse ``status`` (ready, finished, failed, timeout, error) travels
-beside the tag. Events fired by earlier versions carry no tag but a set of flags; ``outcome_of``
-reads them too (a trigger that fired before an upgrade resumes a task after it).
+beside the tag.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 
 # The two waits. A wait that ends well fires an event whose status is the wait's own name.
 WAIT_FINISHED: Final = "finished"  # until the master ends (what the operator defers for)
-WAIT_READY: Final = "ready"  # until every worker is Ready (earlier versions deferred for it first)
+WAIT_READY: Final = "ready"  # until every worker is Ready (the readiness rule alone; never deferred for)
 # How a wait ends badly, coarsely.
 STATUS_FAILED: Final = "failed"  # something failed (the outcome says what)
 STATUS_TIMEOUT: Final = "timeout"  # a bound passed (the outcome says which)
@@ -50,7 +49,7 @@ class WaitContract:
     job_name: str
     namespace: str
     kubernetes_conn_id: str
-    wait_for: str  # WAIT_FINISHED (what the operator defers for) or WAIT_READY (earlier versions)
+    wait_for: str  # WAIT_FINISHED (what the operator defers for) or WAIT_READY
     deadline: float  # epoch seconds
     timeout: float  # what the deadline stands for, for the message
     master_pod: str
@@ -79,8 +78,7 @@ class WaitContract:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WaitContract:
-        """From ``to_dict()``, or from the keyword arguments earlier versions' triggers were
-        stored with (the same names); unknown keys are refused by name."""
+        """From ``to_dict()``; unknown keys are refused by name."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -267,40 +265,10 @@ def fire(outcome: Outcome, envelope: Envelope) -> dict[str, Any]:
 
 
 def outcome_of(event: JobEvent) -> Outcome:
-    """The outcome an event stands for, whichever version fired it."""
-    if event.get("outcome") in _KINDS:
-        return cast("Outcome", {key: value for key, value in event.items() if key not in _ENVELOPE_KEYS})
-    return _legacy(event)
-
-
-def _legacy(event: JobEvent) -> Outcome:
-    """An event of an earlier version: a status and flags, read in the order those versions did."""
-    status, reason = event.get("status"), str(event.get("reason", ""))
-    shown: _Shown = {key: event[key] for key in ("log_lines", "tail") if key in event}  # type: ignore[assignment]
-    built: Outcome
-    if status == WAIT_READY:
-        built = ready()
-    elif status == WAIT_FINISHED:
-        built = finished()
-    elif status == STATUS_ERROR:
-        built = api_unreachable(reason) if event.get("unreachable") else api_refused(reason)
-    elif status == STATUS_TIMEOUT and event.get("queued"):
-        built = queue_timeout(reason)
-    elif status == STATUS_TIMEOUT and (event.get("wait_for") == WAIT_READY or event.get("starting")):
-        built = startup_timeout(reason)
-    elif status == STATUS_TIMEOUT:
-        built = job_timeout(reason)
-    elif event.get("never_starts"):
-        built = never_starts(reason)
-    elif event.get("hung"):
-        built = {"outcome": HUNG, "status": STATUS_FAILED, "reason": reason, "hung": dict(event["hung"])}
-    elif event.get("message"):
-        built = {"outcome": RANK_FAILED, "status": STATUS_FAILED, "pod": event.get("pod"), "rank": event.get("rank"),
-                 "exit_code": event.get("exit_code"), "reason": reason, "message": str(event["message"])}  # fmt: skip
-    else:
-        starting = bool(event.get("starting")) or event.get("wait_for") == WAIT_READY
-        built = pod_failed(event.get("pod"), event.get("exit_code"), reason, starting=starting)
-    return cast("Outcome", {**built, **shown})
+    """The outcome an event stands for (its fields but the envelope's)."""
+    if event.get("outcome") not in _KINDS:
+        raise ValueError(f"not an MPI job event: no known outcome in {sorted(event)}")
+    return cast("Outcome", {key: value for key, value in event.items() if key not in _ENVELOPE_KEYS})
 
 
 # Every outcome's tag, as the union's members declare it.

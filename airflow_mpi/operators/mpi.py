@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 
 from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend, ReattachableBackend
-from airflow_mpi.compat import AirflowFailException, TaskDeferred, conf
-from airflow_mpi.events import READY, WAIT_FINISHED, JobEvent, outcome_of
+from airflow_mpi.compat import AirflowFailException, conf
+from airflow_mpi.events import WAIT_FINISHED, JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.job.identity import build_deployment_id
@@ -220,17 +220,11 @@ class MPIJobOperator(BaseOperator):
         runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
         try:
             deferrable.adopt(plan, namespace)
-            if outcome_of(event)["outcome"] == READY:  # what earlier versions deferred for first
-                runner.marks["sshd_ready"] = float(event["at"])
-                runner.start_master()
-                self._defer(runner, WAIT_FINISHED)
             failure = runner.event_failure(event)
             if failure is not None:
                 raise failure
             # Finished, or the master failed: its log names the rank.
             result = runner.finish(shown_tail=event.get("tail") or ())
-        except TaskDeferred:
-            raise  # the job lives on: no teardown
         except BaseException as error:
             runner.teardown(error)
             raise

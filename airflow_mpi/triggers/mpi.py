@@ -2,9 +2,9 @@
 slot. The operator defers once, with the master started beside its workers (its launch script
 waits for their sshd); the trigger bounds the workers' start by ``startup_timeout`` and, while
 it waits for the end, follows the master's log into the task try's log, live (``logfollow``):
-Airflow routes a trigger's log records to the log of the task try that deferred. (A trigger
-that waits until every worker is Ready, ``wait_for="ready"``, is what earlier versions
-deferred with: it still resumes.)
+Airflow routes a trigger's log records to the log of the task try that deferred. (A wait until
+every worker is Ready, ``wait_for="ready"``, is the readiness rule alone; the operator never
+defers with it.)
 
 One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
 the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
@@ -28,7 +28,6 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_mpi import events
 from airflow_mpi.backends.k8s_errors import (
-    API_TIMEOUT,
     CONNECT_TIMEOUT,
     GONE,
     ApiRequest,
@@ -67,11 +66,10 @@ _KILLS: set[asyncio.Future[None]] = set()  # on_kill's work under way (the loop 
 class MPIJobTrigger(BaseTrigger):
     """Fires once, an event whose ``outcome`` says what ended the wait (``events.Outcome``)."""
 
-    def __init__(self, contract: Mapping[str, Any] | None = None, **stored: Any) -> None:
-        """``contract``: a ``WaitContract.to_dict()``, what the operator defers with. A trigger
-        stored by an earlier version comes back with the same fields as keyword arguments."""
+    def __init__(self, contract: Mapping[str, Any]) -> None:
+        """``contract``: a ``WaitContract.to_dict()``, what the operator defers with."""
         super().__init__()  # type: ignore[no-untyped-call]
-        wait = WaitContract.from_dict(contract if contract is not None else {"api_timeout": API_TIMEOUT, **stored})
+        wait = WaitContract.from_dict(contract)
         self.contract = wait  # read where it is needed; only the deadlines below move
         self.job_name, self.namespace = wait.job_name, wait.namespace  # in every request and message
         self.deadline = wait.deadline  # epoch seconds; moves on while the job is queued

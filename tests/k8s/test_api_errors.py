@@ -196,7 +196,7 @@ def trigger_for(plan: Any, **changes: Any) -> MPIJobTrigger:
         "api_timeout": 3.0,
     }
     fields.update(changes)
-    return MPIJobTrigger(**fields)
+    return MPIJobTrigger(contract=fields)
 
 
 @pytest.fixture

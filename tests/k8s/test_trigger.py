@@ -4,7 +4,6 @@ against the double, on_kill, and the deferrable operator's failure path under da
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import subprocess
 import sys
@@ -14,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from airflow_mpi.backends.k8s_errors import API_TIMEOUT
 from airflow_mpi.events import WaitContract
 from airflow_mpi.observe.status import PodTable
 from airflow_mpi.triggers.mpi import MPIJobTrigger
@@ -52,15 +50,10 @@ def test_serialize_round_trip_with_primitives_only() -> None:
     assert again.contract == WaitContract.from_dict(kwargs["contract"])
 
 
-def test_a_trigger_an_earlier_version_stored_comes_back_with_the_same_wait() -> None:
-    """Earlier versions stored the wait's fields as keyword arguments (api_timeout only from
-    some version on): the triggerer rebuilds such a trigger after an upgrade."""
-    made = trigger(kind="volcano", gang=True, queue_timeout=60.0, master_log=None, skip_lines=4)
-    stored = {key: value for key, value in made.contract.to_dict().items() if key != "api_timeout"}
-    again = MPIJobTrigger(**stored)
-    assert again.contract == dataclasses.replace(made.contract, api_timeout=API_TIMEOUT)
+def test_an_unknown_wait_field_is_refused_by_name() -> None:
+    made = trigger()
     with pytest.raises(TypeError, match="unknown wait contract field"):
-        MPIJobTrigger(**stored, surprise=1)
+        MPIJobTrigger(contract={**made.contract.to_dict(), "surprise": 1})
 
 
 def pod(name: str, role: str, *, phase: str = "Running", ready: bool = False, **status: Any) -> dict[str, Any]:

@@ -1,6 +1,5 @@
 """The trigger's event is a discriminated union: one tag, ``outcome``, says what ended the wait,
-and the runner reads the tag, never a set of flags. Events of earlier versions (a status and
-flags, no tag) still resume a task to the same error."""
+and the runner reads the tag, never a set of flags; an event without a known tag is refused."""
 
 from __future__ import annotations
 
@@ -73,18 +72,9 @@ def test_an_event_travels_as_json_and_reads_back_as_its_outcome(
     assert type(failure) is error if error else failure is None
 
 
-@pytest.mark.parametrize(("outcome", "error", "legacy"), CASES, ids=IDS)
-def test_an_earlier_versions_event_resumes_to_the_same_outcome_and_error(
-    outcome: Outcome, error: type[Exception] | None, legacy: dict[str, Any]
-) -> None:
-    old = {"wait_for": events.WAIT_FINISHED, **legacy, "job_name": PLAN.job_name, "at": 1.0, "try_number": 2}
-    assert outcome_of(old)["outcome"] == outcome["outcome"]
-    assert {k: v for k, v in outcome_of(old).items() if k in outcome} == {
-        k: v for k, v in outcome.items() if k in outcome_of(old)
-    }
-    new, then = runner().event_failure(events.fire(outcome, ENVELOPE)), runner().event_failure(old)
-    assert type(then) is type(new)
-    assert str(then) == str(new)
+def test_an_event_without_a_known_outcome_is_refused() -> None:
+    with pytest.raises(ValueError, match="not an MPI job event: no known outcome"):
+        outcome_of({"status": "failed", "pod": WORKER, "job_name": PLAN.job_name})
 
 
 def test_a_failure_before_every_worker_was_ready_is_said_so() -> None:

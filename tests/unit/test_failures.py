@@ -3,9 +3,8 @@ messages, as the synchronous flow."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from airflow_mpi.events import STATUS_FAILED, STATUS_TIMEOUT, WAIT_FINISHED, WAIT_READY, JobEvent
+from airflow_mpi import events
+from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent, Outcome
 from airflow_mpi.exceptions import JobFailed, JobTimeout, SshdNotReady
 from airflow_mpi.observe.status import JobPhase, JobStatus
 from airflow_mpi.runner.job import JobRunner
@@ -29,21 +28,19 @@ def runner() -> JobRunner:
     return JobRunner(Logs(), PLAN, emit=lambda text: None)  # type: ignore[arg-type]
 
 
-def event(status: str, wait_for: str, **fields: Any) -> JobEvent:
-    return {"status": status, "wait_for": wait_for, "job_name": PLAN.job_name, "at": 0.0, "try_number": 1,
-            "marks": {}, **fields}  # fmt: skip
+def event(outcome: Outcome, wait_for: str = WAIT_FINISHED) -> JobEvent:
+    return events.fire(outcome, {"job_name": PLAN.job_name, "wait_for": wait_for, "at": 0.0, "try_number": 1,
+                                 "marks": {}})  # fmt: skip
 
 
 def test_a_worker_failure_event_reads_as_the_synchronous_one() -> None:
     cases = (
-        (WAIT_READY, False, "before sshd was ready"),  # what earlier versions deferred for
+        (WAIT_READY, True, "before sshd was ready"),  # a wait for every worker Ready
         (WAIT_FINISHED, True, "before sshd was ready"),  # the one deferral, before every worker was Ready
         (WAIT_FINISHED, False, "while training"),
     )
     for wait_for, starting, when in cases:
-        failed = event(
-            STATUS_FAILED, wait_for, pod=WORKER, exit_code=137, reason=f"pod {WORKER} OOMKilled", starting=starting
-        )
+        failed = event(events.pod_failed(WORKER, 137, f"pod {WORKER} OOMKilled", starting=starting), wait_for)
         error = runner().event_failure(failed)
         status = JobStatus(JobPhase.FAILED, WORKER, 137, f"pod {WORKER} OOMKilled")
         same = worker_failure(Logs(), PLAN.job_name, status, when)  # type: ignore[arg-type]
@@ -54,11 +51,9 @@ def test_a_worker_failure_event_reads_as_the_synchronous_one() -> None:
 
 
 def test_timeout_events() -> None:
-    not_ready = runner().event_failure(event(STATUS_TIMEOUT, WAIT_READY, reason="1 of 2 worker host(s) did not ..."))
+    not_ready = runner().event_failure(event(events.startup_timeout("1 of 2 worker host(s) did not ...")))
     assert isinstance(not_ready, SshdNotReady) and str(not_ready) == "1 of 2 worker host(s) did not ..."
-    starting = event(STATUS_TIMEOUT, WAIT_FINISHED, reason="1 of 2 worker host(s) did not ...", starting=True)
-    assert str(runner().event_failure(starting)) == str(not_ready)  # the one deferral's startup bound
-    late = runner().event_failure(event(STATUS_TIMEOUT, WAIT_FINISHED, reason="ran past"))
+    late = runner().event_failure(event(events.job_timeout("ran past")))
     assert isinstance(late, JobTimeout)
     master = PLAN.master.name
     assert str(late).startswith(f"MPI job {PLAN.job_name} ran past its timeout of 60")
@@ -66,7 +61,8 @@ def test_timeout_events() -> None:
 
 
 def test_events_the_job_goes_on_from_give_no_error() -> None:
-    assert runner().event_failure(event(WAIT_READY, WAIT_READY)) is None
-    assert runner().event_failure(event(WAIT_FINISHED, WAIT_FINISHED)) is None
+    assert runner().event_failure(event(events.ready(), WAIT_READY)) is None
+    assert runner().event_failure(event(events.finished())) is None
     # The master failed: its own output names the rank, so ``finish`` builds the error.
-    assert runner().event_failure(event(STATUS_FAILED, WAIT_FINISHED, pod=PLAN.master.name, exit_code=1)) is None
+    master_failed = events.pod_failed(PLAN.master.name, 1, "Error", starting=False)
+    assert runner().event_failure(event(master_failed)) is None
