@@ -5,7 +5,7 @@ serializes it as it came (primitives only: Airflow stores it).
 
 The trigger's event says what ended the wait in one tag, ``outcome``, and carries the fields of
 that outcome only: a discriminated union (``Outcome``), built by the functions below and read
-back with ``outcome_of``. The coarse ``status`` (ready, finished, failed, timeout, error) travels
+back with ``outcome_of``. The coarse ``status`` (finished, failed, timeout, error) travels
 beside the tag.
 """
 
@@ -20,16 +20,13 @@ if TYPE_CHECKING:
     from airflow_mpi.exceptions import JobFailed
     from airflow_mpi.observe.progress import Hang
 
-# The two waits. A wait that ends well fires an event whose status is the wait's own name.
-WAIT_FINISHED: Final = "finished"  # until the master ends (what the operator defers for)
-WAIT_READY: Final = "ready"  # until every worker is Ready (the readiness rule alone; never deferred for)
-# How a wait ends badly, coarsely.
+# How a wait ends, coarsely: the trigger waits until the job ends.
+STATUS_FINISHED: Final = "finished"  # the master ended well
 STATUS_FAILED: Final = "failed"  # something failed (the outcome says what)
 STATUS_TIMEOUT: Final = "timeout"  # a bound passed (the outcome says which)
 STATUS_ERROR: Final = "error"  # the API refused the watch, or did not answer for the bound
 
 # What ended the wait: the event's tag.
-READY: Final = "ready"  # every worker Ready (a ``wait_for="ready"`` wait)
 FINISHED: Final = "finished"  # the master ended well
 POD_FAILED: Final = "pod_failed"  # a pod failed; the master's own failure is decided by its log
 RANK_FAILED: Final = "rank_failed"  # the master's output failed the world-size check
@@ -49,7 +46,6 @@ class WaitContract:
     job_name: str
     namespace: str
     kubernetes_conn_id: str
-    wait_for: str  # WAIT_FINISHED (what the operator defers for) or WAIT_READY
     deadline: float  # epoch seconds
     timeout: float  # what the deadline stands for, for the message
     master_pod: str
@@ -93,11 +89,6 @@ class WaitContract:
 class _Shown(TypedDict, total=False):
     log_lines: int  # whole master lines the trigger's log follow read (shown, or shown before)
     tail: list[str]  # the master's last lines it read (for a message once the pod's log is gone)
-
-
-class Ready(_Shown):
-    outcome: Literal["ready"]
-    status: Literal["ready"]
 
 
 class Finished(_Shown):
@@ -168,7 +159,6 @@ class ApiUnreachable(_Shown):
 
 
 Outcome = Union[  # noqa: UP007 (a union of TypedDicts, read at run time on Python 3.10 too)
-    Ready,
     Finished,
     PodFailed,
     RankFailed,
@@ -186,7 +176,6 @@ class Envelope(TypedDict):
     """What the resumed operator (a new object) needs beside the outcome."""
 
     job_name: str
-    wait_for: str  # WAIT_READY or WAIT_FINISHED
     at: float  # epoch seconds when it fired
     try_number: int  # the try that created the job (its name hashes it)
     marks: dict[str, float]  # phase -> epoch seconds so far (the result's timings)
@@ -196,12 +185,8 @@ class Envelope(TypedDict):
 JobEvent = Mapping[str, Any]
 
 
-def ready() -> Ready:
-    return {"outcome": READY, "status": WAIT_READY}
-
-
 def finished() -> Finished:
-    return {"outcome": FINISHED, "status": WAIT_FINISHED}
+    return {"outcome": FINISHED, "status": STATUS_FINISHED}
 
 
 def pod_failed(pod: str | None, exit_code: int | None, reason: str, *, starting: bool) -> PodFailed:

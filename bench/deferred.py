@@ -116,12 +116,12 @@ def watched_jobs(requests: list[list[str]]) -> int:
 
 
 def trigger_kwargs(runner: JobRunner) -> dict[str, Any]:
-    """What the operator hands the triggerer when it defers until the job finishes."""
+    """The wait the operator hands the triggerer when it defers (a ``WaitContract``'s fields)."""
     return {
         "job_name": runner.job_name,
         "namespace": "default",
         "kubernetes_conn_id": "kube_double",
-        "wait_for": "finished",
+        "api_timeout": 120.0,
         "deadline": time.time() + 600,
         "worker_pods": [w.name for w in runner.plan.workers],
         "master_pod": runner.plan.master.name,

@@ -93,7 +93,7 @@ async def one(kwargs: dict[str, Any]) -> None:
     from airflow_mpi.triggers.mpi import MPIJobTrigger
 
     JOB.set(kwargs["job_name"])
-    async for _event in MPIJobTrigger(**kwargs).run():
+    async for _event in MPIJobTrigger(contract=kwargs).run():
         return
 
 

@@ -22,7 +22,7 @@ def rss_mb(field: str = "VmRSS") -> float:
 
 
 async def one(kwargs: dict[str, Any]) -> None:
-    async for event in MPIJobTrigger(**kwargs).run():
+    async for event in MPIJobTrigger(contract=kwargs).run():
         payload = event.payload
         print(json.dumps({"job": payload["job_name"], "status": payload["status"], "at": time.time()}), flush=True)
         return

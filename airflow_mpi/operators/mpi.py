@@ -33,7 +33,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_mpi.backends.base import Backend, DeferrableBackend, QueueAwareBackend, ReattachableBackend
 from airflow_mpi.compat import AirflowFailException, conf
-from airflow_mpi.events import WAIT_FINISHED, JobEvent
+from airflow_mpi.events import JobEvent
 from airflow_mpi.exceptions import BackendUnavailable, SpecError, SpecIssue
 from airflow_mpi.hooks.mpi import MPIJobHook
 from airflow_mpi.job.identity import build_deployment_id
@@ -168,7 +168,7 @@ class MPIJobOperator(BaseOperator):
         whose trigger fires before the scheduler has read the executor's report of the deferral
         (apache/airflow#72716), which a readiness wait of seconds meets on a busy scheduler."""
         if adopted:
-            self._defer(runner, WAIT_FINISHED)
+            self._defer(runner)
         try:
             runner.create()
             if not _starts_master_with_workers(runner):
@@ -177,13 +177,13 @@ class MPIJobOperator(BaseOperator):
             runner.teardown(error)
             raise
         runner.marks["mpiexec_started"] = time.time()
-        self._defer(runner, WAIT_FINISHED)
+        self._defer(runner)
 
-    def _defer(self, runner: JobRunner, wait_for: str) -> NoReturn:
+    def _defer(self, runner: JobRunner) -> NoReturn:
         from airflow_mpi.triggers.mpi import MPIJobTrigger
 
         backend = self._deferrable(runner.backend)
-        contract = wait_contract(runner, backend, wait_for, time.time())
+        contract = wait_contract(runner, backend, time.time())
         backend.release(contract.job_name)  # the trigger watches from here on
         self.defer(
             trigger=MPIJobTrigger(contract.to_dict()),
@@ -217,7 +217,7 @@ class MPIJobOperator(BaseOperator):
             on_progress=progress.saver(plan.job_name),
             warn=self._warn,
         )
-        runner.marks[f"{event['wait_for']}_event"] = float(event.get("at", time.time()))
+        runner.marks["finished_event"] = float(event.get("at", time.time()))
         try:
             deferrable.adopt(plan, namespace)
             failure = runner.event_failure(event)

@@ -5,26 +5,23 @@ benchmarks and the tests defer alike."""
 from __future__ import annotations
 
 from airflow_mpi.backends.base import DeferrableBackend, QueueAwareBackend
-from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, WaitContract
+from airflow_mpi.events import WaitContract
 from airflow_mpi.observe.master_output import OutputPlan
 from airflow_mpi.runner.job import JobRunner
 
 
-def wait_contract(runner: JobRunner, backend: DeferrableBackend, wait_for: str, now: float) -> WaitContract:
-    """Waiting for the end, the trigger shows the master's lines live after those this try's
+def wait_contract(runner: JobRunner, backend: DeferrableBackend, now: float) -> WaitContract:
+    """The trigger waits for the end: it shows the master's lines live after those this try's
     log holds (a reattached retry's earlier try showed them) and bounds the workers' start by
     ``startup_timeout`` (the master started beside them)."""
     plan, spec = runner.plan, runner.plan.spec
-    timeout = spec.startup_timeout if wait_for == WAIT_READY else spec.timeout
     custom = backend.custom_objects_to_delete(plan) if isinstance(backend, QueueAwareBackend) else []
-    finished = wait_for == WAIT_FINISHED
     return WaitContract(
         job_name=plan.job_name,
         namespace=backend.namespace_for(spec),
         kubernetes_conn_id=backend.kubernetes_conn_id,
-        wait_for=wait_for,
-        deadline=now + timeout,
-        timeout=timeout,
+        deadline=now + spec.timeout,
+        timeout=spec.timeout,
         master_pod=plan.master.name,
         worker_pods=tuple(worker.name for worker in plan.workers),
         api_timeout=backend.api_timeout,
@@ -37,7 +34,7 @@ def wait_contract(runner: JobRunner, backend: DeferrableBackend, wait_for: str, 
         queue_timeout=spec.scheduling.queue_timeout,
         created_at=runner.marks.get("created"),
         custom_objects=tuple((group, version, plural) for group, version, plural in custom),
-        master_log=OutputPlan.from_plan(plan).to_dict() if finished else None,
+        master_log=OutputPlan.from_plan(plan).to_dict(),
         skip_lines=runner.master_output.skip_lines,
-        startup_timeout=spec.startup_timeout if finished and plan.workers else None,
+        startup_timeout=spec.startup_timeout if plan.workers else None,
     )

@@ -2,9 +2,7 @@
 slot. The operator defers once, with the master started beside its workers (its launch script
 waits for their sshd); the trigger bounds the workers' start by ``startup_timeout`` and, while
 it waits for the end, follows the master's log into the task try's log, live (``logfollow``):
-Airflow routes a trigger's log records to the log of the task try that deferred. (A wait until
-every worker is Ready, ``wait_for="ready"``, is the readiness rule alone; the operator never
-defers with it.)
+Airflow routes a trigger's log records to the log of the task try that deferred.
 
 One watch over the job's pods (async client), driving the same ``WatchLoop`` and deciding with
 the same ``evaluate_job`` as the synchronous backend: the trigger decides nothing of its own. Its
@@ -38,7 +36,7 @@ from airflow_mpi.backends.k8s_errors import (
 )
 from airflow_mpi.backends.removal import job_deletions
 from airflow_mpi.backends.token_file import renewed_since, token_generation
-from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, Envelope, Outcome, WaitContract
+from airflow_mpi.events import Envelope, Outcome, WaitContract
 from airflow_mpi.job.mpirun import TIMEOUT_GRACE
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.manifests import log_lease_name
@@ -85,9 +83,7 @@ class MPIJobTrigger(BaseTrigger):
         # path's sensor requires. Counted from this trigger's start (a trigger started again by
         # another triggerer gives the workers the whole bound again: never a wrong kill); it
         # moves on while the job is queued, and is lifted once every worker was Ready.
-        self.startup_deadline = (
-            time.time() + wait.startup_timeout if wait.startup_timeout and wait.wait_for == WAIT_FINISHED else None
-        )
+        self.startup_deadline = time.time() + wait.startup_timeout if wait.startup_timeout else None
         self._fired = False
         self._master_ended: asyncio.Event | None = None
         self._records: MasterRecords | None = None  # the master's lines into the task log
@@ -98,8 +94,7 @@ class MPIJobTrigger(BaseTrigger):
     @property
     def roles(self) -> dict[str, Role]:
         roles = dict.fromkeys(self.contract.worker_pods, Role.WORKER)
-        if self.contract.wait_for == WAIT_FINISHED:
-            roles[self.contract.master_pod] = Role.MASTER
+        roles[self.contract.master_pod] = Role.MASTER
         return roles
 
     def decide(self, table: PodTable) -> Outcome | None:
@@ -132,23 +127,14 @@ class MPIJobTrigger(BaseTrigger):
             self._master_ended.set()  # the log follow may stop at the end of its stream
         status = evaluate_job(states)
         if status.phase is JobPhase.FAILED:
-            starting = (
-                self.startup_deadline is not None or self.contract.wait_for == WAIT_READY
-            )  # before every worker was Ready
+            starting = self.startup_deadline is not None  # before every worker was Ready
             return events.pod_failed(status.failed_pod, status.exit_code, status.reason, starting=starting)
-        if self.contract.wait_for == WAIT_READY and status.phase is JobPhase.READY:
-            return events.ready()
         not_started = self._still_starting(states, now, table)
         if not_started is not None:
             return not_started
-        if self.contract.wait_for == WAIT_FINISHED and status.phase is JobPhase.SUCCEEDED:
+        if status.phase is JobPhase.SUCCEEDED:
             return events.finished()
-        if time.time() >= self.deadline + self._grace():
-            if self.contract.wait_for == WAIT_READY:
-                probes = probes_from_states(self.job_name, states, self.roles)
-                return events.startup_timeout(
-                    summarize_not_ready(probes, self.contract.timeout, self.contract.ssh_port)
-                )
+        if time.time() >= self.deadline + TIMEOUT_GRACE:  # mpiexec's own --timeout reports first
             return events.job_timeout(f"the job ran past its timeout of {self.contract.timeout:.0f}s")
         return None
 
@@ -161,7 +147,7 @@ class MPIJobTrigger(BaseTrigger):
             if refused is not None:
                 yield self._fire(refused)
                 return
-            if self.contract.master_log is not None and self.contract.wait_for == WAIT_FINISHED:
+            if self.contract.master_log is not None:
                 try:
                     outcome = await self._wait_following(CoreV1Api(api_client), api_client)
                     if self._records is not None and outcome["outcome"] == events.API_UNREACHABLE:
@@ -184,8 +170,9 @@ class MPIJobTrigger(BaseTrigger):
         from airflow_mpi.triggers.rules_review import refused_permissions
 
         needed = self.kind.trigger_permissions(self.contract.custom_objects)
-        # Bounded by the deadline too: a deadline that comes first is the wait's to fire.
-        limit = max(0.0, min(self.contract.api_timeout, self.deadline - time.time()))
+        # Bounded by the wait's next bound too (the startup bound, the deadline, the queue's):
+        # one that comes first is the wait's to fire, whatever the API does meanwhile.
+        limit = max(0.0, min(self.contract.api_timeout, self._wake() - time.time()))
         since = time.monotonic()
         try:
             async with timeout_after(limit):
@@ -396,10 +383,6 @@ class MPIJobTrigger(BaseTrigger):
             summarize_not_ready(probes, float(self.contract.startup_timeout or 0), self.contract.ssh_port)
         )
 
-    def _grace(self) -> float:
-        """Past the deadline, mpiexec's own ``--timeout`` reports first (waiting for the end)."""
-        return TIMEOUT_GRACE if self.contract.wait_for == WAIT_FINISHED else 0.0
-
     def _master_ended_set(self) -> bool:
         return self._master_ended is not None and self._master_ended.is_set()
 
@@ -410,7 +393,7 @@ class MPIJobTrigger(BaseTrigger):
         """When ``decide`` must look again whatever the API does: the deadline, or the end of
         the allowed queue wait when it comes first (the deadline moves on while queued)."""
         clock = self.queue_clock
-        deadline = self.deadline + self._grace()
+        deadline = self.deadline + TIMEOUT_GRACE
         wake = deadline if self.startup_deadline is None else min(deadline, self.startup_deadline)
         if clock.limit is None or clock.since is None:
             return wake
@@ -441,7 +424,6 @@ class MPIJobTrigger(BaseTrigger):
         self._fired = True
         envelope: Envelope = {
             "job_name": self.job_name,
-            "wait_for": self.contract.wait_for,
             "at": time.time(),
             "try_number": self.contract.try_number,
             "marks": dict(self.contract.marks),

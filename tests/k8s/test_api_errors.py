@@ -188,7 +188,6 @@ def trigger_for(plan: Any, **changes: Any) -> MPIJobTrigger:
         "job_name": plan.job_name,
         "namespace": "default",
         "kubernetes_conn_id": "kube_double",
-        "wait_for": "ready",
         "deadline": time.time() + 60,
         "worker_pods": [w.name for w in plan.workers],
         "master_pod": plan.master.name,
@@ -218,9 +217,9 @@ def created(double: KubeDouble, scripts: Scripts, monkeypatch: pytest.MonkeyPatc
 
 def test_trigger_deadline_fires_while_the_api_hangs(double: KubeDouble, created: Any) -> None:
     double.hang()
-    payload, seconds = fire(trigger_for(created, deadline=time.time() + 2, api_timeout=60))
-    assert payload["status"] == "timeout" and 2 <= seconds <= 2 + SLACK
-    assert "did not accept ssh within 60s" in payload["reason"]
+    payload, seconds = fire(trigger_for(created, startup_timeout=2.0, api_timeout=60))
+    assert payload["outcome"] == "startup_timeout" and 2 <= seconds <= 2 + SLACK
+    assert "did not accept ssh within 2s" in payload["reason"]
 
 
 def test_trigger_gives_up_on_an_api_that_answers_only_errors(double: KubeDouble, created: Any) -> None:

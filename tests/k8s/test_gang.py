@@ -251,7 +251,6 @@ def test_a_deferred_gang_waits_queued_without_its_deadline_and_until_queue_timeo
         "job_name": "job-1",
         "namespace": "default",
         "kubernetes_conn_id": "kube_double",
-        "wait_for": "finished",
         "deadline": time.time() - 5,  # the job's timeout (and mpiexec's grace) has passed...
         "worker_pods": ["job-1-worker-0"],
         "master_pod": "job-1-master-0",
@@ -301,7 +300,6 @@ def test_killing_a_deferred_gang_job_deletes_its_custom_objects_too(
             "job_name": plan.job_name,
             "namespace": "default",
             "kubernetes_conn_id": "kube_double",
-            "wait_for": "finished",
             "deadline": time.time() + 30,
             "worker_pods": [plan.workers[0].name],
             "master_pod": plan.master.name,

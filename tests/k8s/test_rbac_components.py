@@ -92,7 +92,6 @@ def trigger_for(plan: Any, **changes: Any) -> MPIJobTrigger:
         "job_name": plan.job_name,
         "namespace": "default",
         "kubernetes_conn_id": "kube_double",
-        "wait_for": "ready",
         "deadline": time.time() + 20,
         "worker_pods": [w.name for w in plan.workers],
         "master_pod": plan.master.name,

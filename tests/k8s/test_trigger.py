@@ -27,7 +27,6 @@ def trigger(**changes: Any) -> MPIJobTrigger:
         "job_name": "job-1",
         "namespace": "default",
         "kubernetes_conn_id": "kube_double",
-        "wait_for": "ready",
         "deadline": time.time() + 30,
         "worker_pods": ["job-1-worker-0", "job-1-worker-1"],
         "master_pod": "job-1-master-0",
@@ -70,10 +69,10 @@ def table(*pods: dict[str, Any]) -> PodTable:
 
 
 def test_decisions() -> None:
-    ready = trigger()
+    ready = trigger(startup_timeout=60.0)
     assert ready.decide(table(pod("job-1-worker-0", "worker", ready=True))) is None
     both = table(pod("job-1-worker-0", "worker", ready=True), pod("job-1-worker-1", "worker", ready=True))
-    assert ready.decide(both) == {"outcome": "ready", "status": "ready"}
+    assert trigger().decide(both) is None  # every worker Ready: the master's end is waited for
     pulling = pod(
         "job-1-worker-1",
         "worker",
@@ -83,10 +82,9 @@ def test_decisions() -> None:
     failed = ready.decide(table(pod("job-1-worker-0", "worker", ready=True), pulling))
     assert failed is not None and failed["outcome"] == "pod_failed" and failed["pod"] == "job-1-worker-1"
     assert failed["starting"]  # before every worker was Ready
-    late = trigger(deadline=time.time() - 1).decide(table(pod("job-1-worker-0", "worker", ready=True)))
-    assert late is not None and late["outcome"] == "startup_timeout"
-    assert "job-1-worker-1.job-1: pod not ready" in late["reason"]
-    finished = trigger(wait_for="finished").decide(
+    late = trigger(deadline=time.time() - 5).decide(both)
+    assert late is not None and late["outcome"] == "job_timeout"
+    finished = trigger().decide(
         table(
             pod("job-1-worker-0", "worker", ready=True),
             pod("job-1-worker-1", "worker", ready=True),
@@ -132,7 +130,7 @@ def test_the_async_client_is_imported_off_the_event_loop() -> None:
 
 def test_waiting_for_the_end_bounds_the_workers_start() -> None:
     one_ready = table(pod("job-1-worker-0", "worker", ready=True), pod("job-1-master-0", "master"))
-    waiting = trigger(wait_for="finished", startup_timeout=60.0)
+    waiting = trigger(startup_timeout=60.0)
     assert waiting.decide(one_ready) is None  # within startup_timeout: the master's script waits too
     waiting.startup_deadline = time.time() - 1
     late = waiting.decide(one_ready)
@@ -142,7 +140,7 @@ def test_waiting_for_the_end_bounds_the_workers_start() -> None:
         "  job-1-worker-1.job-1: pod not ready: the pod is not running yet [pod not running yet]",
     ]
     # Once every worker was Ready the bound is lifted: the job's own timeout rules from then on.
-    started = trigger(wait_for="finished", startup_timeout=60.0)
+    started = trigger(startup_timeout=60.0)
     both = table(
         pod("job-1-worker-0", "worker", ready=True),
         pod("job-1-worker-1", "worker", ready=True),
@@ -150,7 +148,7 @@ def test_waiting_for_the_end_bounds_the_workers_start() -> None:
     )
     assert started.decide(both) is None and started.startup_deadline is None
     # Without the bound (a job whose workers were Ready before it deferred): nothing to time.
-    assert trigger(wait_for="finished").startup_deadline is None
+    assert trigger().startup_deadline is None
 
 
 def ready_at(made: dict[str, Any], when: float) -> dict[str, Any]:
@@ -167,7 +165,7 @@ def test_the_timeout_counts_from_the_workers_ready_and_mpiexec_reports_first() -
 
     now = time.time()
     deferred_at, ready = now - 100, now - 40  # sshd took 60 s of the 100 s timeout
-    made = trigger(wait_for="finished", startup_timeout=120.0, timeout=100.0, deadline=deferred_at + 100)
+    made = trigger(startup_timeout=120.0, timeout=100.0, deadline=deferred_at + 100)
     pods = table(
         ready_at(pod("job-1-worker-0", "worker", ready=True), ready - 5),
         ready_at(pod("job-1-worker-1", "worker", ready=True), ready),
@@ -181,8 +179,6 @@ def test_the_timeout_counts_from_the_workers_ready_and_mpiexec_reports_first() -
     made.deadline = time.time() - TIMEOUT_GRACE - 0.1
     fired = made.decide(pods)
     assert fired is not None and fired["outcome"] == "job_timeout"
-    # Waiting for Ready only (no mpiexec yet): no grace.
-    assert trigger(deadline=time.time() - 0.1).decide(table(pod("job-1-worker-0", "worker"))) is not None
 
 
 @pytest.mark.usefixtures("connections")
@@ -200,7 +196,7 @@ def test_a_deferrable_task_creates_the_job_whole_and_defers_once(double: KubeDou
     fired = deferred.value.trigger
     try:
         assert isinstance(fired, MPIJobTrigger)
-        assert fired.contract.wait_for == "finished" and fired.contract.startup_timeout == 300
+        assert fired.contract.startup_timeout == 300
         assert fired.contract.master_log is not None  # the master's lines are followed from the start
         pods = [name for name in job_objects(double, fired.job_name) if name.startswith("pods/")]
         assert sorted(pods) == sorted(
@@ -224,9 +220,11 @@ def test_run_watches_the_double_and_fires_once(double: KubeDouble, scripts: Scri
     from tests.k8s.conftest import api_client_for
 
     scripts.on("-worker-", PodScript(start_delay=3.0))
+    scripts.on("-master-", PodScript(start_delay=3.0, exit_code=0))
     backend = KubernetesBackend(api_client=api_client_for(double), namespace="default")
     plan = make_plan(workers=2)
     backend.create(plan)
+    backend.start_master(plan.job_name)
     try:
         fired = trigger(job_name=plan.job_name, worker_pods=[w.name for w in plan.workers], master_pod=plan.master.name)
 
@@ -235,7 +233,7 @@ def test_run_watches_the_double_and_fires_once(double: KubeDouble, scripts: Scri
                 return event.payload
 
         payload = asyncio.run(first_event())
-        assert payload["status"] == "ready" and payload["try_number"] == 2 and payload["marks"] == {"created": 1.5}
+        assert payload["outcome"] == "finished" and payload["try_number"] == 2 and payload["marks"] == {"created": 1.5}
         assert double.request_count("GET", "watch=True") >= 2, double.requests  # the backend's and the trigger's
     finally:
         backend.teardown(plan.job_name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from airflow_mpi.events import QUEUE_TIMEOUT, STATUS_ERROR
+from airflow_mpi.job.mpirun import TIMEOUT_GRACE
 from tests.k8s.test_gang import _waiting_pod
 from tests.k8s.test_trigger import pod, table, trigger
 
@@ -23,7 +24,7 @@ def test_a_queued_gang_without_pods_is_not_a_vanished_job() -> None:
 def test_the_watch_wakes_when_the_allowed_queue_wait_ends_if_that_comes_first() -> None:
     now = time.time()
     queued = trigger(gang=True, deadline=now + 30, queue_timeout=5, created_at=now)
-    assert queued._wake() == now + 30  # not seen queued yet
+    assert queued._wake() == now + 30 + TIMEOUT_GRACE  # not seen queued yet: the deadline, and mpiexec's grace
     assert queued.decide(table(*QUEUED)) is None
     assert queued._wake() == now + 5  # queued since its creation
     unbounded = trigger(gang=True, deadline=now + 30, created_at=now)
@@ -64,12 +65,12 @@ def test_a_controller_pod_not_there_yet_at_the_first_list_is_pending_not_deleted
         pod("job-1-worker-1", "worker", ready=True),
     )
     for kind, master in (("mpijob", "job-1-launcher"), ("volcano", "job-1-master-0")):
-        made = trigger(kind=kind, wait_for="finished", master_pod=master)
+        made = trigger(kind=kind, master_pod=master)
         listed = table(*workers)
         assert made._vanished(listed) is None
         assert master not in listed.deleted
         assert made.decide(listed) is None, kind  # the master is pending: keep waiting
-    plain = trigger(wait_for="finished")
+    plain = trigger()
     listed = table(*workers)
     assert plain._vanished(listed) is None
     assert (plain.decide(listed) or {}).get("pod") == "job-1-master-0"  # the pods kind made it: deleted

@@ -22,15 +22,13 @@ from airflow_mpi.exceptions import (
 from airflow_mpi.observe.progress import Hang, Silence
 from tests.unit.test_failures import PLAN, WORKER, runner
 
-ENVELOPE: Envelope = {"job_name": PLAN.job_name, "wait_for": events.WAIT_FINISHED, "at": 1.0, "try_number": 2,
-                      "marks": {"created": 0.5}}  # fmt: skip
+ENVELOPE: Envelope = {"job_name": PLAN.job_name, "at": 1.0, "try_number": 2, "marks": {"created": 0.5}}
 HANG = Hang(timeout=10.0, silent=(Silence(1, 12.0, "step 4"),), whole_job=False)
 RANK = JobFailed("MPI job x failed: rank 2 never reported\nmore", pod=WORKER, rank=2)
 
 # Each outcome, the error class its event resumes to (None: the job goes on), and the same
 # outcome as an earlier version's event said it (status and flags).
 CASES: list[tuple[Outcome, type[Exception] | None, dict[str, Any]]] = [
-    (events.ready(), None, {"status": "ready", "wait_for": "ready"}),
     (events.finished(), None, {"status": "finished"}),
     (events.pod_failed(WORKER, 137, "OOMKilled", starting=False), JobFailed,
      {"status": "failed", "pod": WORKER, "exit_code": 137, "reason": "OOMKilled"}),
@@ -57,8 +55,8 @@ IDS = [f"{outcome['outcome']}-{i}" for i, (outcome, _, _) in enumerate(CASES)]
 
 def test_every_outcome_has_a_case() -> None:
     tags = {value for name, value in vars(events).items() if name.isupper() and isinstance(value, str)}
-    tags -= {events.WAIT_FINISHED, events.WAIT_READY, events.STATUS_FAILED, events.STATUS_TIMEOUT, events.STATUS_ERROR}
-    assert {outcome["outcome"] for outcome, _, _ in CASES} == tags | {events.READY, events.FINISHED}
+    tags -= {events.STATUS_FINISHED, events.STATUS_FAILED, events.STATUS_TIMEOUT, events.STATUS_ERROR}
+    assert {outcome["outcome"] for outcome, _, _ in CASES} == tags | {events.FINISHED}
 
 
 @pytest.mark.parametrize(("outcome", "error", "legacy"), CASES, ids=IDS)

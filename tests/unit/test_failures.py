@@ -4,7 +4,7 @@ messages, as the synchronous flow."""
 from __future__ import annotations
 
 from airflow_mpi import events
-from airflow_mpi.events import WAIT_FINISHED, WAIT_READY, JobEvent, Outcome
+from airflow_mpi.events import JobEvent, Outcome
 from airflow_mpi.exceptions import JobFailed, JobTimeout, SshdNotReady
 from airflow_mpi.observe.status import JobPhase, JobStatus
 from airflow_mpi.runner.job import JobRunner
@@ -28,19 +28,17 @@ def runner() -> JobRunner:
     return JobRunner(Logs(), PLAN, emit=lambda text: None)  # type: ignore[arg-type]
 
 
-def event(outcome: Outcome, wait_for: str = WAIT_FINISHED) -> JobEvent:
-    return events.fire(outcome, {"job_name": PLAN.job_name, "wait_for": wait_for, "at": 0.0, "try_number": 1,
-                                 "marks": {}})  # fmt: skip
+def event(outcome: Outcome) -> JobEvent:
+    return events.fire(outcome, {"job_name": PLAN.job_name, "at": 0.0, "try_number": 1, "marks": {}})
 
 
 def test_a_worker_failure_event_reads_as_the_synchronous_one() -> None:
     cases = (
-        (WAIT_READY, True, "before sshd was ready"),  # a wait for every worker Ready
-        (WAIT_FINISHED, True, "before sshd was ready"),  # the one deferral, before every worker was Ready
-        (WAIT_FINISHED, False, "while training"),
+        (True, "before sshd was ready"),  # before every worker was Ready
+        (False, "while training"),
     )
-    for wait_for, starting, when in cases:
-        failed = event(events.pod_failed(WORKER, 137, f"pod {WORKER} OOMKilled", starting=starting), wait_for)
+    for starting, when in cases:
+        failed = event(events.pod_failed(WORKER, 137, f"pod {WORKER} OOMKilled", starting=starting))
         error = runner().event_failure(failed)
         status = JobStatus(JobPhase.FAILED, WORKER, 137, f"pod {WORKER} OOMKilled")
         same = worker_failure(Logs(), PLAN.job_name, status, when)  # type: ignore[arg-type]
@@ -61,7 +59,6 @@ def test_timeout_events() -> None:
 
 
 def test_events_the_job_goes_on_from_give_no_error() -> None:
-    assert runner().event_failure(event(events.ready(), WAIT_READY)) is None
     assert runner().event_failure(event(events.finished())) is None
     # The master failed: its own output names the rank, so ``finish`` builds the error.
     master_failed = events.pod_failed(PLAN.master.name, 1, "Error", starting=False)
