@@ -335,7 +335,7 @@ wait_for_hosts() { # host...: every host accepts an ssh login, or exit 1 with a 
       done
       exit 1
     fi
-    sleep 1
+    sleep 0.5 # a master started with its workers runs mpiexec this soon after the last sshd answers
   done
 }
 
