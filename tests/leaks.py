@@ -11,6 +11,12 @@ import subprocess
 from pathlib import Path
 
 NODE_CGROUP_MARK = "/airflow-mpi-node-"  # tests/cluster/nodes.py: each Node's kubelet cgroupRoot
+# Every MPI's launcher and daemons, as /proc/PID/comm names them (15 characters at most): Open MPI
+# 4 (orted) and 5 (prted), Hydra's (MPICH, Intel MPI) launcher and proxies.
+LAUNCHER_PROCESSES = frozenset(
+    {"orted", "mpiexec", "mpirun", "prted", "prterun", "mpiexec.hydra", "mpiexec.mpich", "hydra_pmi_proxy",
+     "hydra_bstrap_pr"}
+)  # fmt: skip
 
 
 def ours() -> list[str]:
@@ -38,7 +44,7 @@ def _job_processes() -> list[tuple[str, bool]]:
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             comm = (proc / "comm").read_text().strip()
-            if comm in ("orted", "mpiexec", "mpirun", "prted") or (comm == "sshd" and "/run/airflow-mpi" in cmdline):
+            if comm in LAUNCHER_PROCESSES or (comm == "sshd" and "/run/airflow-mpi" in cmdline):
                 in_node = NODE_CGROUP_MARK in (proc / "cgroup").read_text()
                 found.append((f"process {proc.name} {cmdline[:120]}", in_node))
         except OSError:

@@ -8,7 +8,7 @@ Kubernetes backend runs one job kind, named in the kinds' registry (``kinds.regi
 from airflow_mpi.kinds.registry import KIND_ENTRIES, KIND_OF_BACKEND
 
 DEFAULT_BACKEND = "local"  # what a connection without a backend, or no connection at all, runs on
-# The job kind (``kinds.JobKind``) each Kubernetes backend name runs.
+# The job kind (``kinds.base.JobKind``) each Kubernetes backend name runs.
 KUBERNETES_KINDS = dict(KIND_OF_BACKEND)
 BACKEND_NAMES = (DEFAULT_BACKEND, *KUBERNETES_KINDS)
 # What each backend is, in a few words (the connection form, the CLI's help).

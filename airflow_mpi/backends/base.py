@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan
-from airflow_mpi.kinds.strategy import JobKind
+from airflow_mpi.kinds.base import JobKind
 from airflow_mpi.observe.readiness import HostProbe
 from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import MPIJobSpec
@@ -110,8 +110,9 @@ class QueueAwareBackend(Backend, Protocol):
         """Why the job waits for admission now (queue, group, missing room), or None once admitted."""
 
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
-        """Whether ``create`` already starts the master (a gang starts whole); ``start_master``
-        then has nothing to do and the master's launch script waits for the workers' sshd."""
+        """Whether ``create`` already starts the master (on Kubernetes, every kind does);
+        ``start_master`` then has nothing to do and the master's launch script waits for the
+        workers' sshd."""
 
     def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
         """(group, version, plural) of the custom objects named after the job that a kill must

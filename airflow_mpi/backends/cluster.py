@@ -5,7 +5,7 @@ a refusal or an unreachable API reads the same here as during a run.
 
 A job may have been made by any Kubernetes backend: plain pods (our Service owns everything), a
 Volcano Job or an MPIJob (its controller makes the pods). Every one creates our Secret with our
-labels, owned by its top object: that owner says the job's kind (``kinds.kind_of``), and a backend
+labels, owned by its top object: that owner says the job's kind (``kinds.registry.kind_of``), and a backend
 of that kind reads the job's pods, finds its master pod and deletes it.
 """
 
@@ -20,7 +20,7 @@ from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiRequest, api_status, c
 from airflow_mpi.backends.kubernetes import KubernetesBackend, Obj
 from airflow_mpi.exceptions import JobNotFound
 from airflow_mpi.job.naming import LABEL_JOB, job_selector
-from airflow_mpi.kinds.strategy import kind_of, registered_kinds
+from airflow_mpi.kinds.registry import kind_of, registered_kinds
 from airflow_mpi.observe.jobtable import MANAGED_SELECTOR, JobRow, summarize_job
 from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
 from airflow_mpi.observe.output import split_tag

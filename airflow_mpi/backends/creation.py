@@ -1,11 +1,12 @@
 """Creating a job's objects on a cluster, for every kind, so that a failure part-way leaves
 nothing: the ``pods`` kind's Service first (the owner of everything else), then our Secret,
-ConfigMap and the Lease of the live log's mark, then the worker pods concurrently (the master
-once they are ready, or with them for a gang); a controller's kind's top object and our Secret,
-ConfigMap and Lease made its dependents (the Lease after the top object: no pod needs it). An
-earlier attempt of the same try is removed first; a create that fails tears down what it made.
-An object found under the job's name that another job owns (``identity.owned_by``) is never
-deleted: the create fails with ``JobNameTaken``, naming both owners.
+ConfigMap and the Lease of the live log's mark, then a gang's PodGroup, then the worker and
+master pods concurrently (the master's launch script waits for the workers' sshd); a
+controller's kind's top object and our Secret, ConfigMap and Lease made its dependents (the
+Lease after the top object: no pod needs it). An earlier attempt of the same try is removed
+first; a create that fails tears down what it made. An object found under the job's name that
+another job owns (``identity.owned_by``) is never deleted: the create fails with
+``JobNameTaken``, naming both owners.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from airflow_mpi.exceptions import BackendUnreachable, JobNameTaken, LaunchError
 from airflow_mpi.job.identity import RunIdentity, owned_by, render_name_taken
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan
+from airflow_mpi.kinds.base import JobKind
 from airflow_mpi.kinds.gang import POD_GROUP_KINDS
 from airflow_mpi.kinds.manifests import LOG_LEASE, config_map_name, log_lease_name, render_log_lease, secret_name
-from airflow_mpi.kinds.strategy import JobKind
 from airflow_mpi.spec import Role
 
 Obj = dict[str, Any]
@@ -69,12 +70,7 @@ class JobCreation:
             self.objects.create(namespace, "secrets", secret)
             self.objects.create(namespace, "configmaps", config_map)
             self._create_log_lease(plan, namespace, owner)
-            if self.kind.starts_master_with_workers(plan):  # a gang: every pod at once
-                self._create_gang(namespace, job, rest)
-                return
-            *workers, master = rest
-            job.master_manifest = master
-            self._create_pods(namespace, workers)
+            self._create_all_pods(namespace, job, rest)
         except BaseException as error:
             # Even a create that timed out may have been applied. Not when the API has just been
             # silent for the whole bound, though: the caller's teardown (bounded) tries that again.
@@ -109,9 +105,10 @@ class JobCreation:
                 for _ in pool.map(lambda pod: self.objects.create(namespace, "pods", pod), pods):
                     pass  # keep none of the (large) responses
 
-    def _create_gang(self, namespace: str, job: WatchedJob, objects: list[Obj]) -> None:
-        """A gang waits until all its pods exist: the PodGroup, then the master with the workers
-        at once (the master's launch script waits for the workers' sshd itself)."""
+    def _create_all_pods(self, namespace: str, job: WatchedJob, objects: list[Obj]) -> None:
+        """A gang's PodGroup, then the master with the workers, at once: the master's launch
+        script waits for the workers' sshd itself, so mpiexec starts as soon as the last one
+        answers (a gang waits until all its pods exist)."""
         gang = job.plan.spec.scheduling.gang if job.plan else None
         for group in (obj for obj in objects if obj["kind"] != "Pod"):
             if gang in POD_GROUP_KINDS:

@@ -1,15 +1,17 @@
 """Kubernetes backend: exactly the objects ``airflow-mpi render`` prints, for one job kind.
 
-The kind (``kinds.JobKind``: ``pods``, ``volcano`` or ``mpijob``) says what differs: the objects
-and their top object, how pod states are read, when a job is queued, what is left over. This
-module does the I/O for every kind alike, through ``CoreObjects`` and ``CustomObjects``:
+The kind (``kinds.base.JobKind``: ``pods``, ``volcano``, ``mpijob`` or ``trainjob``) says what
+differs: the objects and their top object, how pod states are read, when a job is queued, what
+is left over. This module does the I/O for every kind alike, through ``CoreObjects`` and
+``CustomObjects``:
 
 - ``pods``: a headless Service (the owner of everything else: deleting it garbage-collects the
-  job), a Secret (ssh material), a ConfigMap (launch script, mpiexec arguments, hostfile), worker
-  pods (created concurrently) and, once every worker is Ready, the master pod (with the workers
-  when a gang scheduler must place them together).
-- ``volcano`` / ``mpijob``: the custom top object, whose controller creates the pods, and our
-  Secret and ConfigMap owned by it; teardown deletes the top object in the foreground.
+  job), a Secret (ssh material), a ConfigMap (launch script, mpiexec arguments, hostfile), and
+  the worker and master pods, created concurrently (the master's launch script waits for the
+  workers' sshd).
+- ``volcano`` / ``mpijob`` / ``trainjob``: the custom top object, whose controller creates the
+  pods, and our Secret and ConfigMap owned by it; teardown deletes the top object (in the
+  foreground, but for a TrainJob: ``JobKind.deletion_propagation``).
 
 API use is event-driven: one watch over the job's pods (``PodWatcher``) and one followed log
 stream for the master (``MasterLogFollow``). A ``pods`` job costs N + 10 requests for N workers.
@@ -41,10 +43,9 @@ from airflow_mpi.exceptions import BackendError, BackendUnavailable, JobNotFound
 from airflow_mpi.job.identity import owned_by
 from airflow_mpi.job.naming import RunIdentity, job_selector
 from airflow_mpi.job.plan import JobPlan
-from airflow_mpi.kinds.manifests import render_manifests
+from airflow_mpi.kinds.base import CONDITION_WAIT, JobKind
 from airflow_mpi.kinds.permissions import missing_permissions, render_missing
-from airflow_mpi.kinds.registry import BACKEND_OF_KIND
-from airflow_mpi.kinds.strategy import CONDITION_WAIT, JobKind, job_kind
+from airflow_mpi.kinds.registry import BACKEND_OF_KIND, job_kind
 from airflow_mpi.observe.readiness import HostProbe, probes_from_states
 from airflow_mpi.observe.stacks import stacks_command
 from airflow_mpi.observe.status import PodPhase, PodState
@@ -148,7 +149,7 @@ class KubernetesBackend:
         return self.kind.render_plan(spec, identity, self.platform_env)
 
     def starts_master_with_workers(self, plan: JobPlan) -> bool:
-        return self.kind.starts_master_with_workers(plan)
+        return True  # every kind: its launch script waits for the workers' sshd
 
     def custom_objects_to_delete(self, plan: JobPlan) -> list[tuple[str, str, str]]:
         return self.kind.custom_objects_to_delete(plan)
@@ -225,7 +226,7 @@ class KubernetesBackend:
         return job
 
     def queue_status(self, job_name: str) -> str | None:
-        """Why the job waits for admission (``JobKind.queue_check`` on its pods and, when the
+        """Why the job waits for admission (``JobKind.admission`` on its pods and, when the
         kind needs it, its top object), or None; ``LaunchError`` when it will never start."""
         job, kind = self._job(job_name), self.kind
         with job.watcher.cond:
@@ -236,8 +237,10 @@ class KubernetesBackend:
             top = self.tops.get(job.namespace, job_name)
         gang = scheduling is not None and scheduling.gang is not None
 
+        selector = kind.events_selector(job_name, top)
+
         def refusal() -> str | None:
-            events = self.objects.events(job.namespace, kind.events_selector(job_name))
+            events = self.objects.events(job.namespace, selector) if selector is not None else []
             return kind.refusal(job_name, events, time.monotonic() - job.created_at)
 
         admission = kind.admission(job_name, gang, scheduling.queue if scheduling else None, pods, top, refusal)
@@ -287,22 +290,10 @@ class KubernetesBackend:
         return probes_from_states(job_name, self.pod_states(job_name), job.roles)
 
     def start_master(self, job_name: str) -> None:
-        """Create the master pod (``pods`` kind, no gang); a controller's kind, or a gang, started
-        it with the workers: its launch script waits for their sshd."""
+        """Nothing to create: the master was created with the workers (by us or by the kind's
+        controller) and its launch script waits for their sshd; from now on it is waited for."""
         job = self._job(job_name)
-        if self.kind.starts_master_with_workers(job.plan):
-            job.roles.setdefault(job.master, Role.MASTER)
-            return
-        if job.master_manifest is None:  # adopted after a deferral: the job's Service owns it
-            if job.plan is None:
-                raise LaunchError(f"job {job_name}: no plan to render its master from")
-            service = self.objects.get(job.namespace, "services", job_name)
-            if service is None:
-                raise JobNotFound(f"job {job_name} is gone (its Service was deleted)")
-            uid = service["metadata"]["uid"]
-            job.master_manifest = render_manifests(job.plan, job.namespace, owner_uid=uid)[-1]
-        job.roles[job.master] = Role.MASTER
-        self.objects.create(job.namespace, "pods", job.master_manifest)
+        job.roles.setdefault(job.master, Role.MASTER)
 
     def follow_master(self, job_name: str, idle_tick: float = 0.1) -> Iterator[list[str]]:
         """The master's log, live; resumed from the cursor after drops and read timeouts."""

@@ -36,9 +36,10 @@ from airflow_mpi.backends import sandbox as sandboxes
 from airflow_mpi.backends.local_checks import build_owner, check_supported, collision_problem
 from airflow_mpi.backends.local_checks import check_prerequisites as check_prerequisites
 from airflow_mpi.backends.processes import netns_list
-from airflow_mpi.backends.sandbox import Mount, Sandbox
+from airflow_mpi.backends.sandbox import Sandbox
+from airflow_mpi.backends.sandbox_pod import Mount
 from airflow_mpi.backends.sandbox_state import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
-from airflow_mpi.backends.sandbox_state import NETNS_HOSTS_DIR, NETNS_PREFIX, prepare_state_dir
+from airflow_mpi.backends.sandbox_state import NETNS_HOSTS_DIR, NETNS_PREFIX, bridge_netns_name, prepare_state_dir
 from airflow_mpi.backends.sweep import sweep, sweep_orphans
 from airflow_mpi.exceptions import BackendUnavailable, JobNotFound, LaunchError
 from airflow_mpi.job.naming import build_host_name
@@ -58,6 +59,9 @@ MASTER_LOG_MAX = 16 << 20
 MASTER_LOG_KEEP = 1 << 20
 # In the state directory: the mount points jobs of it made on this machine (absent before).
 MADE_MOUNT_POINTS = ".mount-points.json"
+# How long one readiness probe asks a host whose sshd port is still closed again, 10 ms apart:
+# sshd listens within about 0.1 s of its pod's start here.
+PORT_CLOSED_RETRY_S = 0.3
 
 
 def pod_mounts(plan: JobPlan, job_dir: Path, pod: str) -> list[Mount]:
@@ -130,6 +134,10 @@ class LocalBackend:
             self._write_files(sandbox, plan)
             for worker in plan.workers:
                 self._start_pod(sandbox, plan, worker.name, pipe_output=False)
+            # The master too, behind its start gate: its own sshd, names and launcher check run
+            # while the workers' sshd start, and mpiexec waits for start_master's word.
+            gate = {contract.ENV_START_GATE: "stdin"}
+            self._start_pod(sandbox, plan, plan.master.name, pipe_output=True, extra_env=gate)
         except BaseException as error:
             self.teardown(plan.job_name)
             if isinstance(error, subprocess.SubprocessError | OSError):
@@ -212,6 +220,8 @@ class LocalBackend:
     def _start_pod(
         self, sandbox: Sandbox, plan: JobPlan, pod: str, *, pipe_output: bool, extra_env: dict[str, str] | None = None
     ) -> None:
+        """``pipe_output``: the master's, whose output is followed and whose standard input is
+        its start gate."""
         env = {**self._base_env(plan), **plan.pod(pod).env, **(extra_env or {})}
         with (sandbox.dir / "logs" / f"{pod}.log").open("ab") as log:
             sandbox.start(
@@ -221,6 +231,7 @@ class LocalBackend:
                 pod_mounts(plan, sandbox.dir, pod),
                 subprocess.PIPE if pipe_output else log,
                 user=plan.spec.pod.run_as,
+                stdin_pipe=pipe_output,
             )
 
     def _base_env(self, plan: JobPlan) -> dict[str, str]:
@@ -242,9 +253,6 @@ class LocalBackend:
 
         def probe(pod: sandboxes.SandboxPod) -> HostProbe:
             host = build_host_name(job_name, pod.name)
-            if sandbox.exit_code(pod.name) is not None:
-                tail = " | ".join(self.pod_log_tail(job_name, pod.name, 3))
-                return HostProbe(host, HostProblem.POD_ENDED, tail)
             argv = build_ssh_probe_argv(
                 host,
                 int(sandbox.meta.get("ssh_port", 22)),
@@ -253,16 +261,26 @@ class LocalBackend:
                 connect_timeout=2,
                 user=str(sandbox.meta.get("ssh_user", "root")),
             )
-            # From the master's network namespace: its hosts file, its routes, like mpiexec.
-            done = subprocess.run(
-                ["ip", "netns", "exec", master.netns, *argv],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-                stdin=subprocess.DEVNULL,
-            )
-            return classify_ssh_result(host, done.returncode, done.stderr)
+            # A port still closed is asked again at once, for a moment: that host's sshd is
+            # starting, and waiting for the other hosts' logins first would add a whole round.
+            closed_until = time.monotonic() + PORT_CLOSED_RETRY_S
+            while True:
+                if sandbox.exit_code(pod.name) is not None:
+                    tail = " | ".join(self.pod_log_tail(job_name, pod.name, 3))
+                    return HostProbe(host, HostProblem.POD_ENDED, tail)
+                # From the master's network namespace: its hosts file, its routes, like mpiexec.
+                done = subprocess.run(
+                    ["ip", "netns", "exec", master.netns, *argv],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    check=False,
+                    stdin=subprocess.DEVNULL,
+                )
+                got = classify_ssh_result(host, done.returncode, done.stderr)
+                if got.problem is not HostProblem.PORT_CLOSED or time.monotonic() >= closed_until:
+                    return got
+                time.sleep(0.01)
 
         if not workers:
             return []
@@ -275,13 +293,21 @@ class LocalBackend:
         time.sleep(timeout)  # no events locally: readiness is probed
 
     def start_master(self, job_name: str) -> None:
+        """Open the master's start gate (the master runs since ``create``)."""
         plan = self._plans[job_name]
         # Every worker accepted a login from the master's namespace with the master's key
         # (probe_workers, the runner's wait): the master's own identical check is skipped.
         accepted = self._accepted.get(job_name, set())
         checked = bool(plan.workers) and all(w.name in accepted for w in plan.workers)
-        verified = {contract.ENV_HOSTS_VERIFIED: "1"} if checked else {}
-        self._start_pod(self._sandbox(job_name), plan, plan.master.name, pipe_output=True, extra_env=verified)
+        word = contract.START_HOSTS_VERIFIED if checked else contract.START_CHECK_HOSTS
+        gate = self._sandbox(job_name).procs[plan.master.name].stdin
+        if gate is None:
+            raise LaunchError(f"the master of {job_name} was started without its start gate")
+        try:
+            gate.write(f"{word}\n".encode())
+            gate.close()
+        except BrokenPipeError:
+            pass  # the master ended already (e.g. its launcher check failed): the follow reports it
 
     def follow_master(self, job_name: str, idle_tick: float = 0.1) -> Iterator[list[str]]:
         sandbox = self._sandbox(job_name)
@@ -380,9 +406,10 @@ class LocalBackend:
     def leftovers(self, job_name: str) -> list[str]:
         sandbox = self._sandboxes.get(job_name) or Sandbox.load(self.state_dir, job_name)
         found = sandbox.leftovers() if sandbox is not None else []
-        # Without a record, the names still tell: every pod's namespace is ampl-<job>-<role>-<i>.
-        prefix = f"{NETNS_PREFIX}{job_name}-"
-        found += [f"network namespace {ns}" for ns in netns_list() if ns.startswith(prefix)]
+        # Without a record, the names still tell: every pod's namespace is ampl-<job>-<role>-<i>,
+        # the bridge's is derived from the job's name.
+        prefix, bridge_netns = f"{NETNS_PREFIX}{job_name}-", bridge_netns_name(job_name)
+        found += [f"network namespace {ns}" for ns in netns_list() if ns.startswith(prefix) or ns == bridge_netns]
         found += [f"hosts directory {d}" for d in NETNS_HOSTS_DIR.glob(f"{prefix}*")]
         return sorted(set(found))
 

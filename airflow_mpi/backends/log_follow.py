@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from airflow_mpi.observe.cursor import TimestampedLogSplitter
 from airflow_mpi.observe.status import PodPhase, PodState
 
 EOF = object()
+CLEAN_END_WAIT = 2.0  # seconds a cleanly ended stream waits for the watch to show the master's end
 # A pod that cannot start shows it in its waiting reason: its log will never open.
 NEVER_STARTS = ("Err", "Image", "Invalid")
 
@@ -71,13 +73,24 @@ class MasterLogFollow:
                 request = ApiRequest("get", "pods/log", job.namespace, job.master)
                 raise translate_error(error, request, self.silence.api_url) from error
             clean = yield from self._read_stream(response, idle_tick)
-            if clean and self.master_state().ended:
+            if clean and self._ended_soon():
                 return
             reconnects += 1
-            job.watcher.wait(0.2 if clean else 0.05)  # let the watch catch up with the pod's end
+            job.watcher.wait(0.05)
             # The runner's turn: a stream that keeps ending at once (a node that lost the
             # container while its pod says Running) must not keep its timeout from running.
             yield []
+
+    def _ended_soon(self) -> bool:
+        """Whether the master ended, after a stream that ended cleanly: that is what the end of a
+        followed log means, and the watch tells it a moment later (more than 0.2 s on a loaded
+        machine, when the stream used to be opened again for nothing). Waits for the watch up to
+        ``CLEAN_END_WAIT``; a stream the server closed on a running container (its own time
+        limit) opens again after that, from the cursor, so no line is lost."""
+        deadline = time.monotonic() + CLEAN_END_WAIT
+        while not (ended := self.master_state().ended) and (left := deadline - time.monotonic()) > 0:
+            self.job.watcher.wait(min(left, 0.2))  # wakes at the watch's next event
+        return ended
 
     def _read_stream(self, response: Any, idle_tick: float) -> Generator[list[str], None, bool]:
         """Yield batches of new lines; returns True on a clean end of stream, False on a drop."""

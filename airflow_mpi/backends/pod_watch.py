@@ -183,7 +183,6 @@ class WatchedJob:
     roles: dict[str, Role]  # worker pods, and the master once it is created
     master: str
     plan: JobPlan | None = None
-    master_manifest: Obj | None = None
     cursor: LogCursor = field(default_factory=LogCursor)
     # The master's output across reconnects: each rank's unfinished line survives a dropped stream.
     lines: RankLineSplitter = field(default_factory=RankLineSplitter)

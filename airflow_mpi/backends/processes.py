@@ -36,8 +36,15 @@ def netns_exists(name: str) -> bool:
     return os.path.exists(f"/run/netns/{name}")
 
 
-def link_exists(name: str) -> bool:
-    return os.path.exists(f"/sys/class/net/{name}")
+def link_exists(name: str, netns: str | None = None) -> bool:
+    """A network link of the host's namespace, or of the named namespace ``netns`` (asked
+    through ``ip -n``: its /sys is not this process's to read)."""
+    if netns is None:
+        return os.path.exists(f"/sys/class/net/{name}")
+    if not netns_exists(netns):
+        return False
+    shown = subprocess.run(["ip", "-n", netns, "link", "show", "dev", name], capture_output=True, check=False)
+    return shown.returncode == 0
 
 
 def host_networks() -> set[str]:

@@ -18,9 +18,9 @@ from airflow_mpi.backends.pod_watch import PodWatcher, WatchedJob
 from airflow_mpi.contract import POD_TERMINATION_GRACE_SECONDS
 from airflow_mpi.exceptions import BackendError
 from airflow_mpi.job.naming import job_selector
+from airflow_mpi.kinds.base import JobKind
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
-from airflow_mpi.kinds.manifests import LOG_LEASE, log_lease_name
-from airflow_mpi.kinds.strategy import SERVICE, JobKind
+from airflow_mpi.kinds.manifests import LOG_LEASE, SERVICE, log_lease_name
 from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
 from airflow_mpi.spec import Gang
 
@@ -188,11 +188,12 @@ class JobRemoval:
         top_there = self.custom.get(namespace, kind.top_resource, job_name) is not None
         if top_there:
             found.append(f"{kind.top_label} {job_name}")
-        for plural, query in kind.extra_leftover_queries(job_name):
-            found += [f"{plural[:-1]} {o['metadata']['name']}" for o in self.objects.list(namespace, plural, query)]
-        for plural, name in kind.leftover_names(job_name):
-            if self.objects.get(namespace, plural, name) is not None:
-                found.append(f"{plural[:-1]} {name}")
+        for left in kind.leftovers(job_name):
+            if left.selector is not None:
+                listed = self.objects.list(namespace, left.plural, left.selector)
+                found += [f"{left.plural[:-1]} {o['metadata']['name']}" for o in listed]
+            elif left.name is not None and self.objects.get(namespace, left.plural, left.name) is not None:
+                found.append(f"{left.plural[:-1]} {left.name}")
         return sorted(set(found)), top_there
 
 

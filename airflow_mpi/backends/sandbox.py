@@ -1,8 +1,12 @@
 """The namespace runner: "pods" as namespaced process trees on this machine.
 
-A sandbox is one bridge and one /24 with pods on it. A pod is what a container is on Kubernetes,
-minus the image: the host's files seen through
- - a network namespace with its own IP on the sandbox's bridge,
+A sandbox is one bridge and one /24 with pods on it. The bridge is on the host when the host
+must reach the pods (the API double's kubelet), else in a network namespace of its own, where the
+host has no part in the pods' network at all and a teardown is only namespace deletions. A pod
+is what a container is on Kubernetes, minus the image: the host's files seen through
+ - a network namespace with its own IP on the sandbox's bridge; its route to the other pods
+   acknowledges at once (``quickack``): with delayed ACKs every ssh login waits twice for 40 ms
+   while sshd's split writes sit behind Nagle (0.14 s a login here, 0.05 s without),
  - a UTS namespace whose host name is the pod name,
  - a PID namespace: killing its first process ends everything in the pod,
  - a mount namespace with the pod's mounts (binds of host paths, private tmpfs),
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import ipaddress
 import json
@@ -54,12 +59,14 @@ from airflow_mpi.backends.processes import (
     stop_pod_init,
     wait_gone,
 )
+from airflow_mpi.backends.sandbox_pod import POD_INIT, Mount, render_hosts
 from airflow_mpi.backends.sandbox_state import (
     NETNS_HOSTS_DIR,
     NETNS_PREFIX,
     RECORD,
     SUBNET_POOL,
     bridge_name,
+    bridge_netns_name,
     free_pod_index,
     name_problem,
     prepare_state_dir,
@@ -69,74 +76,6 @@ from airflow_mpi.backends.sandbox_state import (
 from airflow_mpi.exceptions import LaunchError
 
 log = logging.getLogger(__name__)
-
-# PID 1 of every pod, after `ip netns exec` (network, hosts file) and `unshare` (uts, pid, mount).
-# Arguments only, never interpolated: the pod name, then "--tmpfs TARGET OPTIONS" and
-# "--bind SOURCE TARGET ro|rw" groups in order, optionally "--user UID GID", then "--" and the
-# command. With a user, the command runs as it with no capabilities (bounding set emptied) and
-# no_new_privs (setuid binaries cannot raise privileges) and no supplementary groups (none of the
-# host's groups the user is in, e.g. docker or disk): the mounts are made as root first.
-POD_INIT = r"""
-set -euo pipefail
-printf '%s' "$1" >/proc/sys/kernel/hostname
-shift
-user=()
-while (($#)); do
-  case "$1" in
-    --tmpfs) mount -t tmpfs -o "$3" tmpfs "$2"; shift 3 ;;
-    --bind)
-      mount --bind "$2" "$3"
-      if [[ "$4" == ro ]]; then mount -o remount,bind,ro "$3"; fi
-      shift 4 ;;
-    --user) user=("$2" "$3"); shift 3 ;;
-    --) shift; break ;;
-    *) echo "pod-init: bad argument $1" >&2; exit 2 ;;
-  esac
-done
-cd /
-if ((${#user[@]})); then
-  exec setpriv --reuid "${user[0]}" --regid "${user[1]}" --clear-groups --no-new-privs \
-    --inh-caps=-all --bounding-set=-all -- "$@"
-fi
-exec "$@"
-"""
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A bind of a host path (``source``) or, without one, a private tmpfs at ``target``."""
-
-    target: str
-    source: str | None = None
-    read_only: bool = False
-    tmpfs_size: str = "64m"
-    tmpfs_mode: str = "0755"
-    tmpfs_owner: tuple[int, int] | None = None  # (uid, gid) of the tmpfs's root; default root
-
-    def pod_init_args(self) -> list[str]:
-        if self.source is None:
-            options = f"mode={self.tmpfs_mode},size={self.tmpfs_size}"
-            if self.tmpfs_owner is not None:
-                options += f",uid={self.tmpfs_owner[0]},gid={self.tmpfs_owner[1]}"
-            return ["--tmpfs", self.target, options]
-        return ["--bind", self.source, self.target, "ro" if self.read_only else "rw"]
-
-
-def render_hosts(entries: Sequence[tuple[str, Sequence[str]]]) -> str:
-    """A pod's /etc/hosts: localhost, then each (ip, names). An IPv4 address is named a second
-    time as IPv4-mapped IPv6 (``::ffff:10.244.0.2``): a dual-stack socket, such as torch's
-    TCPStore (the rendezvous of torch.distributed), holds the peers' addresses in that form, and
-    the C library resolves a mapped address only from a line that spells it so; without it each
-    rank's lookup goes to a DNS server the pod cannot reach and c10d warns "The hostname of the
-    client socket cannot be retrieved". The IPv4 line comes first, so a lookup of a name still
-    gives the IPv4 address first (ssh, Open MPI and gloo connect to it as before)."""
-    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-    for ip, names in entries:
-        lines.append(f"{ip} {' '.join(names)}")
-    for ip, names in entries:
-        if isinstance(ipaddress.ip_address(ip), ipaddress.IPv4Address):
-            lines.append(f"::ffff:{ip} {' '.join(names)}")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -156,6 +95,7 @@ class Sandbox:
     dir: Path
     subnet: str
     bridge: str
+    bridge_netns: str | None  # None: the bridge is on the host
     owner_pid: int
     owner_start: int
     pods: dict[str, SandboxPod] = field(default_factory=dict)
@@ -172,9 +112,9 @@ class Sandbox:
         cls, state_dir: Path, name: str, meta: dict[str, Any] | None = None, *, host_on_bridge: bool = True
     ) -> Sandbox:
         """Allocate a free /24 and names, record them, then create the bridge. With
-        ``host_on_bridge`` the host has the subnet's first address on it (it reaches the pods,
-        and they reach it); without, the bridge has no address at all (no IPv4, no IPv6 link-local)
-        and answers no ARP, so the pods reach each other and nothing of the host through it."""
+        ``host_on_bridge`` the bridge is on the host, which has the subnet's first address on it
+        (it reaches the pods, and they reach it); without, the bridge is alone in a namespace of
+        its own with no address at all, so the pods reach each other and nothing else."""
         problem = name_problem(name)
         if problem:
             raise LaunchError(f"sandbox name {name!r} {problem}")
@@ -199,6 +139,7 @@ class Sandbox:
                 dir=state_dir / name,
                 subnet=str(subnet),
                 bridge=bridge_name(name),
+                bridge_netns=None if host_on_bridge else bridge_netns_name(name),
                 owner_pid=os.getpid(),
                 owner_start=start_ticks(os.getpid()) or 0,
                 meta=dict(meta or {}),
@@ -210,17 +151,17 @@ class Sandbox:
             (staging / RECORD).write_text(json.dumps(sandbox.record()))
             staging.rename(sandbox.dir)
         try:
-            gateway = next(iter(subnet.hosts()))
             bridge = sandbox.bridge
-            address = (
-                f"addr add {gateway}/{subnet.prefixlen} dev {bridge}"
-                if host_on_bridge
-                else f"link set dev {bridge} addrgenmode none"
-            )
-            run_ip(["-batch", "-"], f"link add {bridge} type bridge\n{address}\n")
-            if not host_on_bridge:  # not even for the host's other addresses (a root pod can route)
-                Path(f"/proc/sys/net/ipv4/conf/{bridge}/arp_ignore").write_text("8\n")
-            run_ip(["link", "set", bridge, "up"], "")
+            if sandbox.bridge_netns is None:
+                gateway = next(iter(subnet.hosts()))
+                address = f"addr add {gateway}/{subnet.prefixlen} dev {bridge}"
+                run_ip(["-batch", "-"], f"link add {bridge} type bridge\n{address}\nlink set {bridge} up\n")
+            else:
+                run_ip(["netns", "add", sandbox.bridge_netns], "")
+                bridge_up = (
+                    f"link add {bridge} type bridge\nlink set dev {bridge} addrgenmode none\nlink set {bridge} up\n"
+                )
+                run_ip(["-n", sandbox.bridge_netns, "-batch", "-"], bridge_up)
         except BaseException:
             sandbox.destroy()
             raise
@@ -258,6 +199,7 @@ class Sandbox:
             "name": self.name,
             "subnet": self.subnet,
             "bridge": self.bridge,
+            "bridge_netns": self.bridge_netns,
             "owner_pid": self.owner_pid,
             "owner_start": self.owner_start,
             "meta": self.meta,
@@ -285,10 +227,12 @@ class Sandbox:
         bad = [f"{name!r} {name_problem(name)}" for name in names if name_problem(name)]
         if bad:
             raise LaunchError(f"pod names in sandbox {self.name}: {'; '.join(bad)}")
+        # A removed pod's veth is looked for where the bridge is: the host or its own namespace.
+        veth_there = functools.partial(link_exists, netns=self.bridge_netns)
         with self._lock:
             for name in names:
                 fresh = self.next_index + 1 < len(hosts)  # else every address was handed out once
-                index = self.next_index if fresh else free_pod_index(self.name, hosts, self.pods.values(), link_exists)
+                index = self.next_index if fresh else free_pod_index(self.name, hosts, self.pods.values(), veth_there)
                 self.next_index += fresh
                 pod = SandboxPod(
                     name=name,
@@ -300,18 +244,28 @@ class Sandbox:
                 self.pods[name] = pod
                 added.append(pod)
             self.save()
-        host_side = []
+        host_side, bridge_side = [], []
+        # The veth's bridge end is made where the bridge is (``netns``), its other end in the pod.
+        bridge_end = f" netns {self.bridge_netns}" if self.bridge_netns else ""
         for pod in added:
             (NETNS_HOSTS_DIR / pod.netns).mkdir(parents=True, exist_ok=True)
             (NETNS_HOSTS_DIR / pod.netns / "hosts").touch()
             host_side += [
                 f"netns add {pod.netns}",
-                f"link add {pod.veth} type veth peer name eth0 netns {pod.netns}",
-                f"link set {pod.veth} master {self.bridge} up",
+                f"link add {pod.veth}{bridge_end} type veth peer name eth0 netns {pod.netns}",
             ]
-        run_ip(["-batch", "-"], "\n".join(host_side) + "\n")
+            bridge_side.append(f"link set {pod.veth} master {self.bridge} up")
+        if self.bridge_netns is None:
+            run_ip(["-batch", "-"], "\n".join(host_side + bridge_side) + "\n")
+        else:
+            run_ip(["-batch", "-"], "\n".join(host_side) + "\n")
+            run_ip(["-n", self.bridge_netns, "-batch", "-"], "\n".join(bridge_side) + "\n")
         for pod in added:
-            inside = f"addr add {pod.ip}/{network.prefixlen} dev eth0\nlink set eth0 up\nlink set lo up\n"
+            inside = (
+                f"addr add {pod.ip}/{network.prefixlen} dev eth0 noprefixroute\n"
+                "link set eth0 up\nlink set lo up\n"
+                f"route add {network} dev eth0 proto kernel scope link src {pod.ip} quickack 1\n"
+            )
             run_ip(["-n", pod.netns, "-batch", "-"], inside)
         return added
 
@@ -334,10 +288,12 @@ class Sandbox:
         stdout: IO[bytes] | int,
         user: tuple[int, int] | None = None,
         hostname: str | None = None,
+        stdin_pipe: bool = False,
     ) -> subprocess.Popen[bytes]:
         """Start the pod's first process: ``argv`` with exactly ``env``, behind ``mounts``, as
         ``user`` (uid, gid) without capabilities, or as root. ``hostname``: the pod's own, when
-        it is not its name (a pod spec's ``hostname``)."""
+        it is not its name (a pod spec's ``hostname``). ``stdin_pipe``: its standard input is a
+        pipe from the caller (``Popen.stdin``), else /dev/null."""
         pod = self.pods[name]
         as_user = ["--user", str(user[0]), str(user[1])] if user is not None else []
         command = [
@@ -353,7 +309,7 @@ class Sandbox:
         proc = subprocess.Popen(
             command,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -381,7 +337,8 @@ class Sandbox:
 
     def names(self) -> set[str]:
         """Every namespace and link this sandbox names (two records never share one)."""
-        return {self.bridge, *(n for p in self.pods.values() for n in (p.netns, p.veth))}
+        names = {self.bridge, *(n for p in self.pods.values() for n in (p.netns, p.veth))}
+        return names | ({self.bridge_netns} if self.bridge_netns else set())
 
     def started(self, name: str) -> bool:
         return self.pods[name].pid is not None
@@ -411,8 +368,10 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 kill_group(proc.pid)
                 proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
         elif pod.pid is not None and self._running(pod):
             stop_pod_init(pod.pid)
             wait_gone(pod.pid, pod.pid_start, timeout=10)
@@ -426,7 +385,8 @@ class Sandbox:
         self.stop(name)
         with self._lock:
             pod = self.pods.pop(name)
-        commands = [f"link del {pod.veth}"] if link_exists(pod.veth) else []
+        # In the bridge's own namespace the veth goes with the pod's (out of the host's sight).
+        commands = [f"link del {pod.veth}"] if self.bridge_netns is None and link_exists(pod.veth) else []
         commands += [f"netns del {pod.netns}"] if netns_exists(pod.netns) else []
         if commands:
             run_ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
@@ -438,12 +398,17 @@ class Sandbox:
         """Every pod, namespace, link, hosts file and the state directory. Idempotent."""
         for name in list(self.pods):
             self.stop(name)
-        # Delete the veths ourselves: once a namespace is gone the kernel frees its veth pair
-        # asynchronously, and the host side would linger for a moment.
-        commands = [f"link del {p.veth}" for p in self.pods.values() if link_exists(p.veth)]
+        commands = []
+        if self.bridge_netns is None:
+            # Delete the veths ourselves: once a namespace is gone the kernel frees its veth pair
+            # asynchronously, and the host side would linger for a moment.
+            commands += [f"link del {p.veth}" for p in self.pods.values() if link_exists(p.veth)]
         commands += [f"netns del {p.netns}" for p in self.pods.values() if netns_exists(p.netns)]
-        if link_exists(self.bridge):
+        if self.bridge_netns is None and link_exists(self.bridge):
             commands.append(f"link del {self.bridge}")
+        # The bridge's namespace last: its links go with it, in the kernel's time, out of sight.
+        if self.bridge_netns is not None and netns_exists(self.bridge_netns):
+            commands.append(f"netns del {self.bridge_netns}")
         if commands:
             # -force: go on past a missing object; leftovers() checks every one anyway.
             run_ip(["-force", "-batch", "-"], "\n".join(commands) + "\n", check=False)
@@ -454,7 +419,9 @@ class Sandbox:
     def leftovers(self) -> list[str]:
         found = [f"state directory {self.dir}"] if self.dir.exists() else []
         found += [f"network namespace {p.netns}" for p in self.pods.values() if netns_exists(p.netns)]
-        links = (self.bridge, *(p.veth for p in self.pods.values()))
+        if self.bridge_netns is not None and netns_exists(self.bridge_netns):
+            found.append(f"network namespace {self.bridge_netns} (the bridge's)")
+        links = (self.bridge, *(p.veth for p in self.pods.values())) if self.bridge_netns is None else ()
         found += [f"link {name}" for name in links if link_exists(name)]
         found += [f"process {p.pid} of pod {p.name}" for p in self.pods.values() if self._running(p)]
         found += [f"process {pid} in a pod's network" for pid in pids_in_netns([p.netns for p in self.pods.values()])]

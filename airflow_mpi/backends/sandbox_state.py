@@ -32,7 +32,9 @@ MAX_PODS = 253  # one /24 per sandbox
 # never "." or ".."), and the same rule when a record is read back.
 NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 MAX_NAME = 253
-RECORD_FIELDS = frozenset({"name", "subnet", "bridge", "owner_pid", "owner_start", "meta", "next_index", "pods"})
+RECORD_FIELDS = frozenset(
+    {"name", "subnet", "bridge", "bridge_netns", "owner_pid", "owner_start", "meta", "next_index", "pods"}
+)
 POD_FIELDS = frozenset({"name", "netns", "veth", "ip", "meta", "pid", "pid_start"})
 
 
@@ -45,6 +47,13 @@ def name_problem(name: str) -> str | None:
 
 def bridge_name(sandbox: str) -> str:
     return f"{BRIDGE_PREFIX}{hashlib.sha256(sandbox.encode()).hexdigest()[:8]}"
+
+
+def bridge_netns_name(sandbox: str) -> str:
+    """The namespace holding a sandbox's bridge when the host stays off it: ``ampl-`` like the
+    pods' (sweeps and leak checks find it by that prefix), and with a ``_``, which no pod name
+    (DNS-1123) has, so it is never a pod's namespace."""
+    return f"{NETNS_PREFIX}net_{hashlib.sha256(sandbox.encode()).hexdigest()[:8]}"
 
 
 def veth_name(sandbox: str, index: int) -> str:
@@ -89,6 +98,8 @@ def record_problem(data: Any, name: str) -> str | None:
         return f"subnet {subnet} is not a /24 of {SUBNET_POOL}"
     if data["bridge"] != bridge_name(name):
         return f"bridge {data['bridge']!r} is not {bridge_name(name)}"
+    if data["bridge_netns"] not in (None, bridge_netns_name(name)):
+        return f"bridge_netns {data['bridge_netns']!r} is neither null nor {bridge_netns_name(name)}"
     hosts = list(subnet.hosts())
     indexes = set()
     for key, pod in data["pods"].items():

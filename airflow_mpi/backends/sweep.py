@@ -45,7 +45,7 @@ def sweep_orphans(state_dir: Path) -> list[str]:
     sandbox of another state directory being created right now would look the same."""
     sweep(state_dir)
     known = records(state_dir)
-    known_netns = {p.netns for s in known for p in s.pods.values()}
+    known_netns = {p.netns for s in known for p in s.pods.values()} | {s.bridge_netns for s in known if s.bridge_netns}
     known_links = {n for s in known for n in (s.bridge, *(p.veth for p in s.pods.values()))}
     removed = []
     for name in netns_list():

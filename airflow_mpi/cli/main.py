@@ -7,7 +7,8 @@ airflow-mpi run SPEC.yaml [--run-id ID]     (local backend, same code path as th
 airflow-mpi run SPEC.yaml [--backend kubernetes|volcano|mpijob] [--kubeconfig F | --conn-id ID]  (on a cluster)
 airflow-mpi jobs | logs JOB [-f] | delete JOB | gc --older-than D [--yes]  (jobs on a cluster: cli_cluster)
 airflow-mpi stacks JOB [--wait S] [--local]  (every rank's Python stack of a running job, local or cluster)
-airflow-mpi doctor [--local | --image IMAGE] (can this machine, or this image, run a job's pods?)
+airflow-mpi doctor [--local | --image IMAGE] [--mpi openmpi|mpich|intel] [--mpiexec LAUNCHER]
+    (can this machine, or this image, run a job's pods?)
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from airflow_mpi.exceptions import BackendError, JobFailed, MPIJobError, SpecErr
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.spec import MPIJobSpec, build_slot_plan
 from airflow_mpi.spec.formats import CONTROL, is_dns1123_label
+from airflow_mpi.spec.mpi_validation import launcher_problem
+from airflow_mpi.spec.mpiexec_args import IMPLEMENTATIONS
+from airflow_mpi.spec.types import MPIOptions
 
 if TYPE_CHECKING:
     from airflow_mpi.backends.base import Backend
@@ -107,7 +111,7 @@ def invocation_run_id(now: float, token: str) -> str:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """Exactly what the chosen backend creates (with its gang setting, if the spec has one)."""
-    from airflow_mpi.kinds.strategy import kind_for_backend
+    from airflow_mpi.kinds.registry import kind_for_backend
 
     spec = load_spec(args.spec)
     kind = kind_for_backend(args.backend)
@@ -207,9 +211,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         backend = KubernetesBackend(kubernetes_conn_id=args.kubernetes_conn_id, namespace=args.namespace)
         namespace = backend.namespace_for(MPIJobSpec(name="doctor", command=("true",)))
-        report = run_image_doctor(backend.objects.core, args.image, namespace, timeout=args.timeout)
+        report = run_image_doctor(
+            backend.objects.core, args.image, namespace, timeout=args.timeout, mpi=args.mpi, mpiexec=args.mpiexec
+        )
     else:
-        report = run_local_doctor()
+        report = run_local_doctor(mpi=args.mpi, mpiexec=args.mpiexec)
         if args.clean and not report.missing:
             from airflow_mpi.backends.local import LocalBackend
 
@@ -218,7 +224,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for problem in report.missing:
         print(f"missing: {problem}")
     if not args.image and not report.missing:
-        print("ok: this machine can run the local backend (root, iproute2, util-linux, sshd, Open MPI)")
+        print("ok: this machine can run the local backend (root, iproute2, util-linux, sshd, an MPI)")
     extra = [line for line in report.output if line.startswith("airflow-mpi doctor: the ")]
     for line in [*render_doctor_report(report.results, f"checks on {report.where}:"), *extra]:
         print(line)
@@ -260,6 +266,12 @@ def _positive_int(text: str) -> int:
 def _image_arg(text: str) -> str:
     if not text or re.search(r"\s", text) or CONTROL.search(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not an image reference: give e.g. 'registry.example/train:1'")
+    return text
+
+
+def _launcher_arg(text: str) -> str:
+    if problem := launcher_problem(text):
+        raise argparse.ArgumentTypeError(f"{problem}: give e.g. mpiexec or /usr/bin/mpiexec.mpich")
     return text
 
 
@@ -328,6 +340,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="kubernetes_default",
         type=_text_arg("connection id"),
         help="Airflow connection to the cluster (--image)",
+    )
+    doctor.add_argument(
+        "--mpi",
+        choices=IMPLEMENTATIONS,
+        default=MPIOptions.implementation,
+        help=f"the job's MPI, as its mpi.implementation (default: {MPIOptions.implementation})",
+    )
+    doctor.add_argument(
+        "--mpiexec",
+        default=MPIOptions.mpiexec,
+        type=_launcher_arg,
+        help=f"the job's launcher, as its mpi.mpiexec (default: {MPIOptions.mpiexec})",
     )
     doctor.add_argument("--namespace", default=None, type=_namespace_arg, help="namespace of the pod (--image)")
     doctor.add_argument("--timeout", type=_positive_int, default=300, help="seconds the pod may take (--image)")

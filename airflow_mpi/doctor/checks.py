@@ -19,14 +19,19 @@ from typing import Any
 from airflow_mpi.contract import ENV_RUNTIME_DIR, PodPaths
 from airflow_mpi.job.ssh import render_ssh_config, render_sshd_config
 from airflow_mpi.observe.diagnosis import Cause, Diagnosis, diagnose
+from airflow_mpi.spec.types import MPIOptions
 
 LINE = re.compile(r"^airflow-mpi doctor: (?P<check>[a-z0-9-]+): (?P<status>ok|FAIL|skip): (?P<detail>.*)$")
 ENV_DOCTOR_PORT = "AIRFLOW_MPI_DOCTOR_PORT"
 ENV_DOCTOR_SSHD_CONFIG = "AIRFLOW_MPI_DOCTOR_SSHD_CONFIG"
 ENV_DOCTOR_SSH_CONFIG = "AIRFLOW_MPI_DOCTOR_SSH_CONFIG"
+ENV_DOCTOR_MPI = "AIRFLOW_MPI_DOCTOR_MPI"
+ENV_DOCTOR_MPIEXEC = "AIRFLOW_MPI_DOCTOR_MPIEXEC"
 DOCTOR_PORT = 2222  # in the doctor pod; locally a free port is chosen
 DOCTOR_RUNTIME_DIR = "/run/airflow-mpi-doctor"  # in the doctor pod; locally one per run
 CONTAINER = "doctor"
+# A job's MPI and launcher when its spec names none (mpi.implementation, mpi.mpiexec).
+DEFAULT_MPI, DEFAULT_MPIEXEC = MPIOptions.implementation, MPIOptions.mpiexec
 
 
 class Status(str, Enum):
@@ -47,11 +52,11 @@ class Check:
 CHECKS: tuple[Check, ...] = (
     Check("mpiexec", "mpiexec is on the PATH", Cause.NO_MPIEXEC),
     Check(
-        "open-mpi-4",
-        "mpiexec is Open MPI 4.x",
+        "mpi",
+        "the launcher is the job's MPI (mpi.implementation): Open MPI 4.x or 5.x, MPICH or Intel MPI",
         None,
-        "install Open MPI 4.x (Debian 12 and Ubuntu 22.04: apt-get install openmpi-bin): Open MPI 5 has no "
-        "orted and renames the orte_* options every job passes",
+        "install the job's MPI in the image (Debian/Ubuntu: apt-get install openmpi-bin, or mpich), or give "
+        "doctor the job's --mpi and --mpiexec (the spec's mpi.implementation and mpi.mpiexec)",
     ),
     Check(
         "mpiexec-as-root",
@@ -59,7 +64,12 @@ CHECKS: tuple[Check, ...] = (
         None,
         "mpiexec's own message above says why it cannot start a process in this image",
     ),
-    Check("orted", "orted (Open MPI's daemon) is on the PATH", Cause.ORTED_NOT_FOUND),
+    Check(
+        "mpi-daemon",
+        "the daemon the launcher starts on every host is there (Open MPI 4: orted, 5: prted, on the PATH; "
+        "MPICH and Intel MPI: hydra_pmi_proxy beside the launcher)",
+        Cause.ORTED_NOT_FOUND,
+    ),
     Check("ssh", "the OpenSSH client is on the PATH", None, "install it (apt-get install openssh-client)"),
     Check("sshd", "/usr/sbin/sshd exists", Cause.NO_SSHD),
     Check("run-sshd", "/run/sshd exists or can be created", Cause.SSHD_PRIVSEP_DIR),
@@ -76,7 +86,11 @@ CHECKS: tuple[Check, ...] = (
         None,
         "sshd's own log lines above say why it refused the login or stopped",
     ),
-    Check("orted-over-ssh", "orted is on the PATH of a non-interactive ssh session", Cause.ORTED_NOT_FOUND),
+    Check(
+        "mpi-daemon-over-ssh",
+        "a non-interactive ssh session finds that daemon, as the launcher starts it",
+        Cause.ORTED_NOT_FOUND,
+    ),
 )
 BY_NAME = {check.name: check for check in CHECKS}
 
@@ -135,24 +149,30 @@ def render_doctor_report(results: Sequence[CheckResult], title: str) -> list[str
     return lines
 
 
-def build_doctor_env(runtime_dir: str, port: int) -> dict[str, str]:
-    """What ``doctor.sh`` reads: a scratch runtime directory, the port of its sshd, and
-    the job's sshd_config and ssh_config rendered for that directory and port."""
+def build_doctor_env(
+    runtime_dir: str, port: int, mpi: str = DEFAULT_MPI, mpiexec: str = DEFAULT_MPIEXEC
+) -> dict[str, str]:
+    """What ``doctor.sh`` reads: a scratch runtime directory, the port of its sshd, the job's MPI
+    and launcher (``mpi.implementation``, ``mpi.mpiexec``), and the job's sshd_config and
+    ssh_config rendered for that directory and port."""
     paths = PodPaths(runtime_dir=runtime_dir)
     return {
         ENV_RUNTIME_DIR: runtime_dir,
         ENV_DOCTOR_PORT: str(port),
+        ENV_DOCTOR_MPI: mpi,
+        ENV_DOCTOR_MPIEXEC: mpiexec,
         ENV_DOCTOR_SSHD_CONFIG: render_sshd_config(port, paths),
         ENV_DOCTOR_SSH_CONFIG: render_ssh_config(port, paths),
     }
 
 
 def render_doctor_pod(
-    name: str, namespace: str, image: str, script: str, *, deadline_seconds: int = 300
-) -> dict[str, Any]:
+    name: str, namespace: str, image: str, script: str, *, deadline_seconds: int = 300, mpi: str = DEFAULT_MPI,
+    mpiexec: str = DEFAULT_MPIEXEC,
+) -> dict[str, Any]:  # fmt: skip
     """A pod that runs the doctor's ``script`` in ``image`` once, as a job's pods would run (root,
     bash, the image's PATH), and ends; its log holds the check lines."""
-    env = build_doctor_env(DOCTOR_RUNTIME_DIR, DOCTOR_PORT)
+    env = build_doctor_env(DOCTOR_RUNTIME_DIR, DOCTOR_PORT, mpi, mpiexec)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -21,6 +21,8 @@ from typing import Any
 from airflow_mpi.backends.k8s_errors import FORBIDDEN, NOT_FOUND, UNAUTHORIZED, api_status, describe
 from airflow_mpi.backends.local import LocalBackend, check_prerequisites
 from airflow_mpi.doctor.checks import (
+    DEFAULT_MPI,
+    DEFAULT_MPIEXEC,
     CheckResult,
     build_doctor_env,
     describe_pod_end,
@@ -48,15 +50,18 @@ class DoctorReport:
         return not self.missing and not any(r.failed for r in self.results)
 
 
-def run_local_doctor(path: str | None = None, timeout: float = LOCAL_TIMEOUT) -> DoctorReport:
-    """The checks on this machine, with the PATH local pods get (``path`` as ``LocalBackend``'s)."""
+def run_local_doctor(
+    path: str | None = None, timeout: float = LOCAL_TIMEOUT, mpi: str = DEFAULT_MPI, mpiexec: str = DEFAULT_MPIEXEC
+) -> DoctorReport:
+    """The checks on this machine, with the PATH local pods get (``path`` as ``LocalBackend``'s),
+    for a job of MPI ``mpi`` started by ``mpiexec``."""
     runtime_dir = f"/run/airflow-mpi-doctor-{secrets.token_hex(4)}"
     pod_path = LocalBackend(path=path).path
     env = {
         "PATH": pod_path,
         "HOME": os.environ.get("HOME", "/root"),
         "LANG": "C.UTF-8",
-        **build_doctor_env(runtime_dir, _free_port()),
+        **build_doctor_env(runtime_dir, _free_port(), mpi, mpiexec),
     }
     proc = subprocess.Popen(
         ["bash", "-c", doctor_script_text(), "doctor"],
@@ -86,10 +91,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_image_doctor(core: Any, image: str, namespace: str, timeout: float = 300.0) -> DoctorReport:
+def run_image_doctor(
+    core: Any,
+    image: str,
+    namespace: str,
+    timeout: float = 300.0,
+    mpi: str = DEFAULT_MPI,
+    mpiexec: str = DEFAULT_MPIEXEC,
+) -> DoctorReport:
     """The checks in one pod of ``image``: create it, wait until it ends, read its log, delete it."""
     name = f"airflow-mpi-doctor-{secrets.token_hex(4)}"
-    manifest = render_doctor_pod(name, namespace, image, doctor_script_text(), deadline_seconds=int(timeout))
+    limit = int(timeout)
+    manifest = render_doctor_pod(
+        name, namespace, image, doctor_script_text(), deadline_seconds=limit, mpi=mpi, mpiexec=mpiexec
+    )
     _call("create", "pods", namespace, lambda: core.create_namespaced_pod(namespace, manifest))
     try:
         pod = _wait_until_ended(core, name, namespace, timeout)

@@ -18,6 +18,7 @@ from airflow_mpi.job.ssh import SshMaterial, build_ssh_material, render_ssh_file
 from airflow_mpi.job.topology import Topology, build_job_env, build_pod_env, build_topology, render_hostfile
 from airflow_mpi.scripts import launch_script_text, rank_sitecustomize_text
 from airflow_mpi.spec import HostsMode, MPIJobSpec, Role
+from airflow_mpi.spec.mpiexec_args import OPEN_MPI
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,13 @@ def render_plan(
         _pod_plan(spec, topology, labels, job_env, Role.WORKER, index, name)
         for index, name in enumerate(topology.worker_pods)
     ]
+    # An Open MPI job's launcher says at launch whether it is 4 or 5: the script picks the tail.
+    tail = build_mpiexec_tail(spec, topology, paths, list(platform))
+    open_mpi = spec.mpi.implementation == OPEN_MPI
+    tail_open_mpi_5 = build_mpiexec_tail(spec, topology, paths, list(platform), 5) if open_mpi else []
     config_files = {
         contract.CONFIG_LAUNCH: launch_script if launch_script is not None else launch_script_text(),
-        contract.CONFIG_ARGS: render_args_file(build_mpiexec_tail(spec, topology, paths, list(platform))),
+        contract.CONFIG_ARGS: render_args_file(spec, tail, paths, tail_open_mpi_5),
         contract.CONFIG_SITECUSTOMIZE: rank_sitecustomize_text(),
     }
     if spec.hosts_mode is HostsMode.HOSTFILE and not paths.controller_hostfile:

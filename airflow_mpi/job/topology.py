@@ -123,7 +123,7 @@ def build_job_env(spec: MPIJobSpec, topology: Topology) -> dict[str, str]:
         contract.ENV_MPI_HOST: render_mpi_host(topology),
         contract.ENV_HOSTS_MODE: spec.hosts_mode.value,
         contract.ENV_SSH_PORT: str(spec.ssh_port),
-        contract.ENV_STARTUP_TIMEOUT: str(spec.startup_timeout),
+        contract.ENV_STARTUP_TIMEOUT: str(spec.startup_timeout + contract.STARTUP_GRACE_SECONDS),
     }
     if spec.mpi.np is not None:
         env[contract.ENV_NP_OVERRIDE] = str(spec.mpi.np)

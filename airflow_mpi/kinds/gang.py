@@ -102,7 +102,7 @@ def render_gang_manifests(
 ) -> list[Manifest]:
     """Every object of a gang-scheduled job in creation order: Service, Secret, ConfigMap,
     the PodGroup (volcano, coscheduling), then the master and the workers together. Without a
-    gang setting: today's objects and order (workers first, the master once they are Ready)."""
+    gang setting: the plain objects, the master last."""
     if plan.spec.scheduling.gang is None:
         objects = render_manifests(plan, namespace, owner_uid=owner_uid, redact_secrets=redact_secrets)
         return [mark_pod(plan, obj) if obj["kind"] == "Pod" else obj for obj in objects]

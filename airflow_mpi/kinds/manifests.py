@@ -26,6 +26,8 @@ VOLUME_RUNTIME = "mpi-runtime"
 VOLUME_SHM = "dshm"
 
 Manifest = dict[str, Any]
+GVK = tuple[str, str, str, str]  # an API resource: (group, version, plural, kind); group "": the core API
+SERVICE: GVK = ("", "v1", "services", "Service")  # the ``pods`` kind's top object
 
 
 def secret_name(job_name: str) -> str:
@@ -69,7 +71,16 @@ def require_image(plan: JobPlan) -> None:
 
 def render_owner_reference(plan: JobPlan, uid: str) -> Manifest:
     """The headless Service owns every other object: deleting it garbage-collects the job."""
-    return {"apiVersion": "v1", "kind": "Service", "name": plan.job_name, "uid": uid, "controller": True}
+    return owner_reference_to(SERVICE, plan.job_name, uid)
+
+
+def owner_reference_to(top: GVK, job_name: str, uid: str) -> Manifest:
+    """The reference that makes an object a dependent of the job's top object ``top`` (named
+    after the job, ``uid`` once created): deleting the top object garbage-collects it. Not
+    ``blockOwnerDeletion``: a foreground deletion of the top object need not wait for it."""
+    group, version, _, kind = top
+    api_version = f"{group}/{version}" if group else version
+    return {"apiVersion": api_version, "kind": kind, "name": job_name, "uid": uid, "controller": True}
 
 
 _IDENTITY = (f"{LABEL_PREFIX}/dag-id", f"{LABEL_PREFIX}/task-id", f"{LABEL_PREFIX}/run-id")

@@ -26,11 +26,15 @@ from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import RunIdentity, build_host_name, build_job_name
 from airflow_mpi.job.plan import JobPlan, PodPlan, render_plan
 from airflow_mpi.job.ssh import SshMaterial
+from airflow_mpi.kinds.base import Leftover, Obj, top_condition
+from airflow_mpi.kinds.controller import ControllerKind
 from airflow_mpi.kinds.gang import KUEUE_QUEUE_LABEL, group_size, sum_requests
 from airflow_mpi.kinds.manifests import (
+    GVK,
     PLACEHOLDER_UID,
     Manifest,
     downward_pod_name,
+    owner_reference_to,
     render_config_map,
     render_pod,
     render_pod_template,
@@ -38,21 +42,15 @@ from airflow_mpi.kinds.manifests import (
     require_image,
     share_worker_host_key,
 )
-from airflow_mpi.kinds.strategy import (
-    CONTROLLER_GRACE,
-    JobKind,
-    Obj,
-    event_message,
-    top_condition,
-    without_cleanup_kills,
-)
-from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, HostsMode, MPIJobSpec, Role
 from airflow_mpi.spec.formats import DNS_LABEL
 
-MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
+MPIJOB: GVK = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
 LAUNCHER = "Launcher"
 WORKER = "Worker"
+# mpi-operator's name of each MPI: it writes the hostfile in that MPI's format (``host slots=N``
+# or ``host:N``) and sets that launcher's variables.
+OPERATOR_IMPLEMENTATION = {"openmpi": "OpenMPI", "mpich": "MPICH", "intel": "Intel"}
 # The controller's hostfile, on the launcher only; our own files move out of its /etc/mpi.
 CONTROLLER_HOSTFILE = "/etc/mpi/hostfile"
 MPIJOB_PATHS = PodPaths(config_dir="/etc/airflow-mpi/config", controller_hostfile=CONTROLLER_HOSTFILE)
@@ -103,12 +101,6 @@ def render_mpijob_plan(
     return plan
 
 
-def render_mpijob_owner_reference(plan: JobPlan, uid: str) -> Manifest:
-    """The MPIJob owns our Secret and ConfigMap: deleting it garbage-collects them."""
-    group, version, _, kind = MPIJOB
-    return {"apiVersion": f"{group}/{version}", "kind": kind, "name": plan.job_name, "uid": uid, "controller": True}
-
-
 def render_mpijob_manifests(
     plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
 ) -> list[Manifest]:
@@ -119,7 +111,7 @@ def render_mpijob_manifests(
     if issues:
         raise SpecError(issues)
     plan = share_worker_host_key(plan)
-    owner = render_mpijob_owner_reference(plan, owner_uid or PLACEHOLDER_UID)
+    owner = owner_reference_to(MPIJOB, plan.job_name, owner_uid or PLACEHOLDER_UID)
     secret = render_secret(plan, namespace, owner, redact=redact_secrets)
     secret["metadata"]["name"] = mpijob_secret_name(plan.job_name)
     if "data" in secret:
@@ -187,7 +179,7 @@ def render_mpijob(plan: JobPlan, namespace: str) -> Manifest:
             "slotsPerWorker": (slots.worker_slots if plan.workers else slots.master_slots) or 1,
             "runLauncherAsWorker": bool(slots.master_slots),
             "launcherCreationPolicy": "AtStartup",  # the launch script waits for the workers' sshd
-            "mpiImplementation": "OpenMPI",
+            "mpiImplementation": OPERATOR_IMPLEMENTATION[spec.mpi.implementation],
             "sshAuthMountPath": OPERATOR_SSH_MOUNT,
             "runPolicy": run_policy,
             "mpiReplicaSpecs": replicas,
@@ -249,15 +241,6 @@ def render_mpijob_known_hosts(plan: JobPlan, namespace: str) -> str:
 # --- the MPIJob's status -------------------------------------------------------------------------
 
 
-def describe_mpijob_failure(mpijob: Manifest | None) -> str | None:
-    """``Failed=True``'s reason and message (``DeadlineExceeded``, ``MPIJobEvicted``, ...), or None."""
-    failed = top_condition(mpijob, "Failed")
-    if failed is None:
-        return None
-    reason, message = failed.get("reason") or "Failed", failed.get("message") or ""
-    return f"MPIJob failed: {reason}" + (f": {message}" if message else "")
-
-
 def describe_mpijob_wait(mpijob: Manifest | None, pods_exist: bool) -> str | None:
     """Why an MPIJob has no pods yet (suspended until Kueue admits it, or the gang waits), or
     None once it runs, ends, or is not there."""
@@ -274,38 +257,32 @@ def describe_mpijob_wait(mpijob: Manifest | None, pods_exist: bool) -> str | Non
     return "queued: MPIJob created, mpi-operator has not created its pods yet"
 
 
-def describe_validation_event(events: list[Manifest]) -> str | None:
-    """The controller's ``ValidationError`` event message (it sets no condition), or None."""
-    return event_message(events, "ValidationError")
-
-
-class MPIJobKind(JobKind):
+class MPIJobKind(ControllerKind):
     """A ``kubeflow.org`` MPIJob: mpi-operator creates the workers and a launcher batch Job whose
     newest pod is the master, and removes the workers once the launcher ended."""
 
     name = "mpijob"
-    top = MPIJOB
     top_label = "MPIJob"
+    top_resource = MPIJOB
     launcher_owner: ClassVar[tuple[str, str]] = ("batch/v1", "Job")  # the launcher pod's owner
-    master_generated = True
-    explains_master_deletion = True
-    rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},)
-    trigger_rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["get", "delete"]},)
-
-    def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
-        """The MPIJob, our Secret, our ConfigMap."""
-        return list(render_mpijob_manifests(plan, namespace, redact_secrets=redact_secrets))
-
-    def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
-        return render_mpijob_owner_reference(plan, uid)
-
-    def config_map_name(self, job_name: str) -> str:
-        return mpijob_config_map_name(job_name)
+    _master_generated = True
+    _rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "list", "delete"]},)
+    _trigger_rules = ({"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["get", "delete"]},)
+    _refusal_event = "ValidationError"  # an invalid MPIJob gets this event and no condition
+    _refused_by = "mpi-operator refused"
+    _silence = (
+        "MPIJob {job}: mpi-operator has not acted on it in {waited:.0f}s (no condition, no pods): "
+        "install mpi-operator v0.5.0 or later, or check that it is running and watches this namespace"
+    )
 
     def render_plan(
         self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None
     ) -> JobPlan:
         return render_mpijob_plan(spec, identity, platform_env=platform_env)
+
+    def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
+        """The MPIJob, our Secret, our ConfigMap."""
+        return list(render_mpijob_manifests(plan, namespace, redact_secrets=redact_secrets))
 
     def owns(self, obj: Obj) -> bool:
         """Owned by the MPIJob, or by its launcher's batch Job (the launcher pod, which carries
@@ -313,45 +290,23 @@ class MPIJobKind(JobKind):
         meta = obj.get("metadata", {})
         refs = meta.get("ownerReferences") or []
         launcher = LABEL_OPERATOR_JOB in (meta.get("labels") or {})
-        owners = (self.top_owner, self.launcher_owner) if launcher else (self.top_owner,)
+        owners = (self._top_owner, self.launcher_owner) if launcher else (self._top_owner,)
         return not refs or any((ref.get("apiVersion"), ref.get("kind")) in owners for ref in refs)
-
-    def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
-        """Without the workers the controller removes once the launcher ended by itself."""
-        return without_cleanup_kills(states, deleting)
-
-    def master_gone_failure(self, top: Obj | None) -> str | None:
-        """The MPIJob's ``Failed`` condition (e.g. the launcher Job's ``DeadlineExceeded``)."""
-        return describe_mpijob_failure(top)
-
-    def master_name(self, job_name: str) -> str:
-        return launcher_name(job_name)
-
-    def top_wait(self, top: Obj | None) -> str | None:
-        """Suspended (Kueue has not admitted it) or without pods yet (its gang waits)."""
-        return describe_mpijob_wait(top, False)
-
-    def reads_events_to_queue(self, top: Obj | None) -> bool:
-        """An MPIJob with no condition yet: mpi-operator refuses an invalid one only with an event."""
-        return top is not None and not (top.get("status") or {}).get("conditions")
-
-    def refusal(self, job_name: str, events: list[Obj], waited: float) -> str | None:
-        refused = describe_validation_event(events)
-        if refused is not None:
-            return f"mpi-operator refused MPIJob {job_name} (ValidationError): {refused}"
-        if waited > CONTROLLER_GRACE:
-            return (
-                f"MPIJob {job_name}: mpi-operator has not acted on it in {waited:.0f}s (no condition, no pods): "
-                "install mpi-operator v0.5.0 or later, or check that it is running and watches this namespace"
-            )
-        return None
-
-    def extra_leftover_queries(self, job_name: str) -> list[tuple[str, str]]:
-        return [("pods", f"{LABEL_OPERATOR_JOB}={job_name}")]
-
-    def leftover_names(self, job_name: str) -> list[tuple[str, str]]:
-        """The controller's own Service, ssh Secret and hostfile ConfigMap."""
-        return [("services", job_name), ("secrets", f"{job_name}-ssh"), ("configmaps", f"{job_name}-config")]
 
     def master_selector(self, job_name: str) -> str:
         return launcher_selector(job_name)
+
+    def leftovers(self, job_name: str) -> list[Leftover]:
+        """Its pods, and the controller's own Service, ssh Secret and hostfile ConfigMap."""
+        names = [("services", job_name), ("secrets", f"{job_name}-ssh"), ("configmaps", f"{job_name}-config")]
+        return [*super().leftovers(job_name), *(Leftover(plural, name=name) for plural, name in names)]
+
+    def _master_name(self, job_name: str) -> str:
+        return launcher_name(job_name)
+
+    def _pods_selector(self, job_name: str) -> str:
+        return f"{LABEL_OPERATOR_JOB}={job_name}"
+
+    def _top_wait(self, top: Obj | None) -> str | None:
+        """Suspended (Kueue has not admitted it) or without pods yet (its gang waits)."""
+        return describe_mpijob_wait(top, False)

@@ -6,7 +6,7 @@ job (``WORKER_RULES``), and the triggerer, which only watches a deferred job, fo
 moves the log's mark on the job's Lease and deletes the job on a kill (``TRIGGERER_RULES``): it
 never creates anything and never reads a Secret, so a triggerer's token cannot read a job's
 private key or rewrite the launch script its pods run. Each kind, gang setting and the hang
-watchdog add their own rules per component (``JobKind.rules`` and ``trigger_rules``,
+watchdog add their own rules per component (``JobKind._rules`` and ``_trigger_rules``,
 ``GANG_RULES``, ``TRIGGER_GANG_RULES``, ``WATCHDOG_RULES``). Each component asks the API server
 once, before it acts, what its credentials may do (a SelfSubjectRulesReview), so a Role without
 one of its verbs fails the task at once, naming the verb and who lacks it, instead of mid-job or
@@ -59,7 +59,7 @@ TRIGGERER_RULES: tuple[dict[str, list[str]], ...] = (
 
 
 Rules = tuple[dict[str, list[str]], ...]
-# What each kind adds to each Role is the kind's own (``JobKind.rules``, ``JobKind.trigger_rules``).
+# What each kind adds to each Role is the kind's own (``JobKind._rules``, ``JobKind._trigger_rules``).
 # What a job with ``progress_timeout`` adds to the worker's: the hang watchdog asks each pod for its ranks' stacks
 # (``launch.sh stacks`` through the exec API; websocket exec is a `get` before Kubernetes 1.31,
 # a `create` since).

@@ -28,12 +28,16 @@ from airflow_mpi.contract import DEADLINE_GRACE_SECONDS, MAX_DNS_LABEL
 from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import RunIdentity, build_job_name
 from airflow_mpi.job.plan import JobPlan, PodPlan, render_plan
+from airflow_mpi.kinds.base import Leftover, Obj, top_condition
+from airflow_mpi.kinds.controller import ControllerKind
 from airflow_mpi.kinds.gang import KUEUE_QUEUE_LABEL
 from airflow_mpi.kinds.manifests import (
+    GVK,
     PLACEHOLDER_UID,
     Manifest,
     config_map_name,
     downward_pod_name,
+    owner_reference_to,
     render_config_map,
     render_pod,
     render_pod_template,
@@ -42,16 +46,6 @@ from airflow_mpi.kinds.manifests import (
     secret_name,
     share_worker_host_key,
 )
-from airflow_mpi.kinds.strategy import (
-    CONTROLLER_GRACE,
-    GVK,
-    JobKind,
-    Obj,
-    event_message,
-    top_condition,
-    without_cleanup_kills,
-)
-from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang, MPIJobSpec, Role
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
@@ -119,18 +113,6 @@ def check_trainjob_plan(plan: JobPlan) -> list[SpecIssue]:
     return issues
 
 
-def render_trainjob_owner_reference(plan: JobPlan, uid: str) -> Manifest:
-    """The TrainJob owns our Secret, ConfigMap and TrainingRuntime: deleting it takes them.
-    Not ``blockOwnerDeletion``: a foreground deletion of the TrainJob need not wait for them."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainJob",
-        "name": plan.job_name,
-        "uid": uid,
-        "controller": True,
-    }
-
-
 def render_trainjob_manifests(
     plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
 ) -> list[Manifest]:
@@ -142,7 +124,7 @@ def render_trainjob_manifests(
     if issues:
         raise SpecError(issues)
     plan = share_worker_host_key(plan)
-    owner = render_trainjob_owner_reference(plan, owner_uid or PLACEHOLDER_UID)
+    owner = owner_reference_to(TRAINJOB, plan.job_name, owner_uid or PLACEHOLDER_UID)
     return [
         render_trainjob(plan, namespace),
         render_secret(plan, namespace, owner, redact=redact_secrets),
@@ -251,16 +233,6 @@ def _replicated_job(plan: JobPlan, first: PodPlan, pods: int, namespace: str) ->
 # --- the TrainJob's status -----------------------------------------------------------------------
 
 
-def describe_trainjob_failure(trainjob: Manifest | None) -> str | None:
-    """``Failed=True``'s reason and message (JobSet's ``FailedJobs``, Trainer's
-    ``DeadlineExceeded``), or None."""
-    failed = top_condition(trainjob, "Failed")
-    if failed is None:
-        return None
-    reason, message = failed.get("reason") or "Failed", failed.get("message") or ""
-    return f"TrainJob failed: {reason}" + (f": {message}" if message else "")
-
-
 def describe_trainjob_wait(trainjob: Manifest | None) -> str | None:
     """Why a TrainJob has no pods yet (suspended until Kueue admits it, no JobSet yet, or its
     Jobs have not made pods), or None once it ended or is not there."""
@@ -275,29 +247,35 @@ def describe_trainjob_wait(trainjob: Manifest | None) -> str | None:
     return "queued: TrainJob's JobSet created, its Jobs have not created pods yet"
 
 
-def describe_creation_failure(events: list[Manifest]) -> str | None:
-    """Trainer's ``TrainJobResourcesCreationFailed`` event message (it sets no condition), or None."""
-    return event_message(events, "TrainJobResourcesCreationFailed")
-
-
-class TrainJobKind(JobKind):
+class TrainJobKind(ControllerKind):
     """A Kubeflow Trainer v2 TrainJob with a TrainingRuntime of its own: Trainer makes a JobSet,
     JobSet one Indexed Job per role, and those the pods; the master is its Job's newest pod."""
 
     name = "trainjob"
-    top = TRAINJOB
     top_label = "TrainJob"
-    master_generated = True
-    explains_master_deletion = True
-    rules = (
+    top_resource = TRAINJOB
+    _master_generated = True
+    _rules = (
         {"apiGroups": [GROUP], "resources": ["trainjobs"], "verbs": ["create", "get", "list", "delete"]},
         # Made before the TrainJob (Trainer reads it at once), then given it as its owner.
         {"apiGroups": [GROUP], "resources": ["trainingruntimes"], "verbs": ["create", "get", "update", "delete"]},
     )
-    trigger_rules = (
+    _trigger_rules = (
         {"apiGroups": [GROUP], "resources": ["trainjobs"], "verbs": ["get", "delete"]},
         {"apiGroups": [GROUP], "resources": ["trainingruntimes"], "verbs": ["delete"]},
     )
+    # Trainer says why it cannot make the JobSet only in this event.
+    _refusal_event = "TrainJobResourcesCreationFailed"
+    _refused_by = "Trainer could not run"
+    _silence = (
+        "TrainJob {job}: no JobSet status and no pods in {waited:.0f}s: install Kubeflow Trainer "
+        "v2.3 or later and JobSet, or check that both controllers are running and watch this namespace"
+    )
+
+    def render_plan(
+        self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None
+    ) -> JobPlan:
+        return render_trainjob_plan(spec, identity, platform_env=platform_env)
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The TrainJob, our Secret, our ConfigMap, the TrainingRuntime."""
@@ -312,58 +290,19 @@ class TrainJobKind(JobKind):
             return TRAINING_RUNTIME
         return super().dependent_resource(obj)
 
-    def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
-        return render_trainjob_owner_reference(plan, uid)
-
-    def render_plan(
-        self, spec: MPIJobSpec, identity: RunIdentity, platform_env: Mapping[str, str] | None = None
-    ) -> JobPlan:
-        return render_trainjob_plan(spec, identity, platform_env=platform_env)
+    def refused_for_now(self, message: str) -> bool:
+        """Kueue's TrainJob webhook (``vtrainjob.kb.io``) reads the runtime from its cache: a
+        TrainJob created right after its runtime may be refused with "runtime '<job>' not found"
+        until that cache has it (seen in the real tier)."""
+        return "admission webhook" in message and "runtime" in message and "not found" in message
 
     def owns(self, obj: Obj) -> bool:
         """Owned by the TrainJob, or a pod of its JobSet (owned by a batch Job)."""
         labels = obj.get("metadata", {}).get("labels") or {}
         return super().owns(obj) or LABEL_JOBSET in labels
 
-    def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
-        """Without the workers JobSet deletes once the master's Job succeeded or failed."""
-        return without_cleanup_kills(states, deleting)
-
-    def master_gone_failure(self, top: Obj | None) -> str | None:
-        """The TrainJob's ``Failed`` condition (a Job of its JobSet failed, or its deadline)."""
-        return describe_trainjob_failure(top)
-
-    def master_name(self, job_name: str) -> str:
-        return master_host_name(job_name)
-
     def master_selector(self, job_name: str) -> str:
         return master_selector(job_name)
-
-    def top_wait(self, top: Obj | None) -> str | None:
-        """Suspended (Kueue has not admitted it), or not yet run as a JobSet with pods."""
-        return describe_trainjob_wait(top)
-
-    def reads_events_to_queue(self, top: Obj | None) -> bool:
-        """A TrainJob not yet run as a JobSet: Trainer says why it cannot only in an event."""
-        status = (top or {}).get("status") or {}
-        return top is not None and not status.get("jobsStatus") and not status.get("conditions")
-
-    def refusal(self, job_name: str, events: list[Obj], waited: float) -> str | None:
-        refused = describe_creation_failure(events)
-        if refused is not None:
-            return f"Trainer could not run TrainJob {job_name} (TrainJobResourcesCreationFailed): {refused}"
-        if waited > CONTROLLER_GRACE:
-            return (
-                f"TrainJob {job_name}: no JobSet status and no pods in {waited:.0f}s: install Kubeflow Trainer "
-                "v2.3 or later and JobSet, or check that both controllers are running and watch this namespace"
-            )
-        return None
-
-    def refused_for_now(self, message: str) -> bool:
-        """Kueue's TrainJob webhook (``vtrainjob.kb.io``) reads the runtime from its cache: a
-        TrainJob created right after its runtime may be refused with "runtime '<job>' not found"
-        until that cache has it (seen in the real tier)."""
-        return "admission webhook" in message and "runtime" in message and "not found" in message
 
     def deletion_propagation(self) -> str:
         """``Background``: a foreground deletion ends with the garbage collector removing the
@@ -377,9 +316,22 @@ class TrainJobKind(JobKind):
         """The TrainJob (the rest goes with it) and its runtime (should it not be owned yet)."""
         return [TRAINJOB[:3], TRAINING_RUNTIME[:3]]
 
-    def extra_leftover_queries(self, job_name: str) -> list[tuple[str, str]]:
-        return [("pods", f"{LABEL_JOBSET}={job_name}")]
+    def leftovers(self, job_name: str) -> list[Leftover]:
+        """Its pods, JobSet's headless Service and Trainer's snapshot of the runtime."""
+        names = [("services", job_name), ("configmaps", f"{job_name}-runtime-snapshot")]
+        return [*super().leftovers(job_name), *(Leftover(plural, name=name) for plural, name in names)]
 
-    def leftover_names(self, job_name: str) -> list[tuple[str, str]]:
-        """JobSet's headless Service and Trainer's snapshot of the runtime."""
-        return [("services", job_name), ("configmaps", f"{job_name}-runtime-snapshot")]
+    def _master_name(self, job_name: str) -> str:
+        return master_host_name(job_name)
+
+    def _pods_selector(self, job_name: str) -> str:
+        return f"{LABEL_JOBSET}={job_name}"
+
+    def _silent(self, top: Obj | None) -> bool:
+        """Not yet run as a JobSet, and no condition."""
+        status = (top or {}).get("status") or {}
+        return top is not None and not status.get("jobsStatus") and not status.get("conditions")
+
+    def _top_wait(self, top: Obj | None) -> str | None:
+        """Suspended (Kueue has not admitted it), or not yet run as a JobSet with pods."""
+        return describe_trainjob_wait(top)

@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from airflow_mpi.exceptions import SpecError, SpecIssue
-from airflow_mpi.job.naming import job_selector
 from airflow_mpi.job.plan import JobPlan, PodPlan
+from airflow_mpi.kinds.base import NOT_QUEUED, Obj, QueueCheck
+from airflow_mpi.kinds.controller import ControllerKind
 from airflow_mpi.kinds.manifests import (
+    GVK,
     PLACEHOLDER_UID,
     Manifest,
     downward_pod_name,
+    owner_reference_to,
     render_config_map,
     render_pod,
     render_pod_template,
@@ -31,11 +34,10 @@ from airflow_mpi.kinds.manifests import (
     require_image,
     share_worker_host_key,
 )
-from airflow_mpi.kinds.strategy import NOT_QUEUED, JobKind, Obj, QueueCheck
 from airflow_mpi.observe.status import PodState
 from airflow_mpi.spec import Gang
 
-VOLCANO_JOB = ("batch.volcano.sh", "v1alpha1", "jobs", "Job")
+VOLCANO_JOB: GVK = ("batch.volcano.sh", "v1alpha1", "jobs", "Job")
 DEFAULT_QUEUE = "default"
 DEFAULT_SCHEDULER = "volcano"
 PLUGINS: dict[str, list[str]] = {"svc": [], "env": []}
@@ -54,12 +56,6 @@ def volcano_config_map_name(job_name: str) -> str:
     return f"{job_name}-mpi-config"
 
 
-def render_volcano_owner_reference(plan: JobPlan, uid: str) -> Manifest:
-    """The Volcano Job owns our Secret and ConfigMap: deleting it garbage-collects them."""
-    group, version, _, kind = VOLCANO_JOB
-    return {"apiVersion": f"{group}/{version}", "kind": kind, "name": plan.job_name, "uid": uid, "controller": True}
-
-
 def render_volcano_manifests(
     plan: JobPlan, namespace: str, *, owner_uid: str | None = None, redact_secrets: bool = False
 ) -> list[Manifest]:
@@ -68,7 +64,7 @@ def render_volcano_manifests(
     require_image(plan)
     _require_volcano_gang(plan)
     plan = share_worker_host_key(plan)
-    owner = render_volcano_owner_reference(plan, owner_uid or PLACEHOLDER_UID)
+    owner = owner_reference_to(VOLCANO_JOB, plan.job_name, owner_uid or PLACEHOLDER_UID)
     secret = render_secret(plan, namespace, owner, redact=redact_secrets)
     secret["metadata"]["name"] = volcano_secret_name(plan.job_name)
     config_map = render_config_map(plan, namespace, owner)
@@ -178,33 +174,27 @@ def describe_volcano_wait(job: Manifest | None) -> str | None:
     return f"queued in Volcano queue {queue!r}: job {phase or 'not yet seen by the controller'}"
 
 
-class VolcanoKind(JobKind):
+class VolcanoKind(ControllerKind):
     """A ``batch.volcano.sh`` Job: Volcano's controller creates the pods once its queue admits
     the whole job, and its policy deletes the other pods once one ended by itself."""
 
     name = "volcano"
-    top = VOLCANO_JOB
     top_label = "Volcano job"
-    rules = ({"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},)
-    trigger_rules = ({"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["get", "delete"]},)
+    top_resource = VOLCANO_JOB
+    _rules = ({"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},)
+    _trigger_rules = ({"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": ["get", "delete"]},)
 
     def render(self, plan: JobPlan, namespace: str, *, redact_secrets: bool = False) -> list[Obj]:
         """The Volcano Job, our Secret, our ConfigMap."""
         return list(render_volcano_manifests(plan, namespace, redact_secrets=redact_secrets))
 
-    def owner_reference(self, plan: JobPlan, uid: str) -> Obj:
-        return render_volcano_owner_reference(plan, uid)
-
-    def observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
-        """Without the pods Volcano's policy deleted once one pod ended by itself."""
-        return without_policy_kills(states, deleting)
-
-    def queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
+    def _queue_check(self, gang: bool, queue: str | None, pods: list[Obj], top: Obj | None) -> QueueCheck:
         """Queued while the Job is Pending and none of its pods exists yet (Volcano creates them
         only once the queue admits the whole job)."""
         if pods:
             return NOT_QUEUED
         return QueueCheck(reason=describe_volcano_wait(top))
 
-    def extra_leftover_queries(self, job_name: str) -> list[tuple[str, str]]:
-        return [("pods", job_selector(job_name))]
+    def _observe(self, states: list[PodState], deleting: set[str]) -> list[PodState]:
+        """Without the pods Volcano's policy deleted once one pod ended by itself."""
+        return without_policy_kills(states, deleting)

@@ -73,19 +73,24 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     KnownFailure(
         Cause.NO_MPIEXEC,
         "the image has no mpiexec on the master's PATH",
-        "install Open MPI 4.x in the image (Debian/Ubuntu: apt-get install openmpi-bin) so mpiexec is on the PATH",
+        "install the job's MPI in the image so its mpiexec is on the PATH (Debian/Ubuntu: apt-get install "
+        "openmpi-bin, or mpich), or name the launcher by its path in mpi.mpiexec",
         "missing-mpiexec-or-sshd",
         _patterns(r"\bmpiexec: (command )?not found", r"\bmpiexec: No such file or directory"),
     ),
     KnownFailure(
         Cause.ORTED_NOT_FOUND,
-        "orted (Open MPI's daemon) is not on the PATH of a worker's ssh session: mpiexec starts it there with "
-        "a non-interactive ssh command",
-        "install the same Open MPI in every pod's image with orted in a directory on the image's PATH (the "
-        "launch script gives sshd sessions the pod's PATH and LD_LIBRARY_PATH); a profile script does not help, "
-        "a non-login ssh command never reads it",
+        "the MPI's daemon is not found in a worker's ssh session: mpiexec starts it there with a non-interactive "
+        "ssh command (Open MPI 4: orted, 5: prted, by name on the session's PATH; MPICH and Intel MPI: "
+        "hydra_pmi_proxy, by the absolute path it has beside mpiexec on the master)",
+        "install the same MPI, at the same path, in every pod's image (Open MPI: orted or prted in a directory on "
+        "the image's PATH; the launch script gives sshd sessions the pod's PATH and LD_LIBRARY_PATH); a profile "
+        "script does not help, a non-login ssh command never reads it",
         "orted-command-not-found",
-        _patterns(r"\borted: (command )?not found", r"\borted: No such file or directory"),
+        _patterns(
+            r"\b(orted|prted): (command )?not found",
+            r"\b(orted|prted|hydra_pmi_proxy): No such file or directory",
+        ),
     ),
     KnownFailure(
         Cause.MPIRUN_AS_ROOT,

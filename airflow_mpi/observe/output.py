@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_mpi.contract import RESULT_MAX_BYTES, RESULT_PREFIX
+from airflow_mpi.contract import RANK_EXIT_PREFIX, RESULT_MAX_BYTES, RESULT_PREFIX
 from airflow_mpi.job.topology import Topology
 from airflow_mpi.observe.lines import CUT_MARK, is_rank_tag
 from airflow_mpi.spec import MPIJobSpec
@@ -23,8 +23,10 @@ from airflow_mpi.spec import MPIJobSpec
 # Every number read from the output has at most 9 digits: int() refuses 4301 or more, and no
 # rank, exit code or signal has more.
 TAG = re.compile(r"^\[(0|[1-9][0-9]{0,8}),(0|[1-9][0-9]{0,8})\]<(?:stdout|stderr)>:(.*)$", re.DOTALL)
-FAILED_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d{1,9})\]")
+# Open MPI 4 names a process [[jobid,vpid],rank]; Open MPI 5 (PRRTE) [<nspace>@jobid,rank].
+FAILED_PROCESS = re.compile(r"Process name:\s*\[(?:\[\d+,\d+\]|[^\]\s@]{1,255}@\d{1,9}),(\d{1,9})\]")
 EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d{1,9})\b")
+RANK_EXIT = re.compile(rf"^{RANK_EXIT_PREFIX}rank=(\d{{1,9}}) code=(\d{{1,9}}) host=(\S+)$")
 SIGNALED = re.compile(r"process rank (\d{1,9}) with PID \d+ on node (\S+) exited on signal (\d{1,9})\b")
 ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d{1,9}) in communicator")
 ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d{1,9})\b")
@@ -74,6 +76,8 @@ class OutputTracker:
                 tail.append(text)
                 if text.startswith(RESULT_PREFIX):  # every rank's is checked; rank 0's is the result
                     self._parse_result(rank, text)
+                elif text.startswith(RANK_EXIT_PREFIX) and self.failed_rank is None:
+                    self._parse_rank_exit(rank, text)
                 continue
             if line.startswith(RESULT_PREFIX) and not self._tagged:
                 self._parse_result(-1, line)
@@ -88,6 +92,18 @@ class OutputTracker:
                 self.result_errors.append(f"{who}: {problem}")
             return
         self._results[rank] = problem.value
+
+    def _parse_rank_exit(self, rank: int, text: str) -> None:
+        """The rank wrapper's own line under Hydra: its rank, exit code (128+N: signal N) and host."""
+        found = RANK_EXIT.match(text.rstrip("\r\n"))
+        if found is None or int(found.group(1)) != rank:
+            return  # another rank's text that only looks like it
+        code = int(found.group(2))
+        self.failed_rank, self.failed_node = rank, found.group(3)
+        if 128 < code < 160:
+            self.failed_signal = code - 128
+        else:
+            self.failed_exit_code = code
 
     def _parse_mpiexec(self, line: str) -> None:
         if any(mark in line for mark in TIMEOUT_MARKS):

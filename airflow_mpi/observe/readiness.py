@@ -123,22 +123,24 @@ def ready_since(pods: Iterable[Mapping[str, object]]) -> float | None:
     pods, so a trigger started again elsewhere finds the same moment."""
     latest: float | None = None
     for pod in pods:
-        status = pod.get("status")
-        conditions = status.get("conditions") if isinstance(status, Mapping) else None
-        ready = next(
-            (
-                c
-                for c in conditions or []
-                if isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
-            ),
-            None,
-        )
-        stamp = ready.get("lastTransitionTime") if ready is not None else None
-        if not isinstance(stamp, str):
-            return None
-        try:
-            when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+        when = _ready_at(pod)
+        if when is None:
             return None
         latest = when if latest is None else max(latest, when)
     return latest
+
+
+def _ready_at(pod: Mapping[str, object]) -> float | None:
+    """When ``pod``'s ``Ready`` condition last turned True (epoch seconds), or None: not Ready."""
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for condition in conditions or []:
+        if isinstance(condition, Mapping) and condition.get("type") == "Ready" and condition.get("status") == "True":
+            stamp = condition.get("lastTransitionTime")
+            try:
+                return (
+                    datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if isinstance(stamp, str) else None
+                )
+            except ValueError:
+                return None
+    return None

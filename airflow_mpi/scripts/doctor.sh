@@ -13,32 +13,60 @@ doctor_line() { # check status detail
   [[ "$2" != FAIL ]] || DOCTOR_FAILED=1
 }
 
+# The job's MPI (AIRFLOW_MPI_DOCTOR_MPI: openmpi, mpich or intel; mpi.implementation) and its
+# launcher (AIRFLOW_MPI_DOCTOR_MPIEXEC; mpi.mpiexec). DOCTOR_DAEMON: what the launcher starts on
+# every host over ssh (Open MPI 4: orted, 5: prted, both found on the session's PATH; Hydra: the
+# hydra_pmi_proxy beside the launcher, by that same absolute path on every host).
+doctor_daemon() { # implementation major launcher-path -> prints the daemon's name or path
+  case "$1" in
+    openmpi) if [[ "$2" == 5 ]]; then echo prted; else echo orted; fi ;;
+    *) echo "$(dirname "$3")/hydra_pmi_proxy" ;;
+  esac
+}
+
 doctor_checks_tools() {
-  local path version out
-  if path=$(command -v mpiexec); then
+  local path version out found name major=4
+  local mpi="${AIRFLOW_MPI_DOCTOR_MPI:-openmpi}" launcher="${AIRFLOW_MPI_DOCTOR_MPIEXEC:-mpiexec}"
+  DOCTOR_DAEMON=orted
+  if path=$(command -v "$launcher"); then
     doctor_line mpiexec ok "$path"
-    version=$(mpiexec --version 2>&1 | head -n 1 || true)
-    if [[ "$version" =~ [[:space:]]4\.[0-9]+ ]]; then
-      doctor_line open-mpi-4 ok "$version"
+    found=$(launcher_implementation "$launcher")
+    name="${found%% *}" version="${found#* }" major="${version%%.*}"
+    if [[ "$name" != "$mpi" ]]; then
+      doctor_line mpi FAIL "$path is ${found/#\?/not an MPI launcher airflow-mpi knows:} but the job's MPI is $mpi"
+    elif [[ "$name" == openmpi && "$major" != 4 && "$major" != 5 ]]; then
+      doctor_line mpi FAIL "$path is Open MPI $version: jobs speak Open MPI 4.x and 5.x"
     else
-      doctor_line open-mpi-4 FAIL "mpiexec --version says '$version': the job's options are Open MPI 4's"
+      doctor_line mpi ok "$name $version"
     fi
-    if ((EUID != 0)); then
+    DOCTOR_DAEMON=$(doctor_daemon "$mpi" "$major" "$path")
+    if [[ "$name" != "$mpi" ]]; then
+      doctor_line mpiexec-as-root skip "$launcher is not the job's MPI"
+    elif ((EUID != 0)); then
       doctor_line mpiexec-as-root skip "not running as root"
-    elif out=$(timeout 60 mpiexec --allow-run-as-root --oversubscribe -np 1 true 2>&1); then
-      doctor_line mpiexec-as-root ok "mpiexec --allow-run-as-root -np 1 true"
+    elif [[ "$mpi" == openmpi ]] && out=$(timeout 60 "$launcher" --allow-run-as-root --oversubscribe -np 1 true 2>&1); then
+      doctor_line mpiexec-as-root ok "$launcher --allow-run-as-root -np 1 true"
+    elif [[ "$mpi" != openmpi ]] && out=$(timeout 60 "$launcher" -n 1 true 2>&1 </dev/null); then
+      doctor_line mpiexec-as-root ok "$launcher -n 1 true"
     else
       doctor_line mpiexec-as-root FAIL "$(printf '%s' "$out" | grep -v '^-*$' | head -n 3 | tr '\n' ' ')"
     fi
   else
-    doctor_line mpiexec FAIL "mpiexec: not found on PATH=$PATH"
-    doctor_line open-mpi-4 skip "no mpiexec"
-    doctor_line mpiexec-as-root skip "no mpiexec"
+    doctor_line mpiexec FAIL "$launcher: not found on PATH=$PATH"
+    doctor_line mpi skip "no $launcher"
+    doctor_line mpiexec-as-root skip "no $launcher"
+    [[ "$mpi" == openmpi ]] || DOCTOR_DAEMON=hydra_pmi_proxy
   fi
-  if path=$(command -v orted); then
-    doctor_line orted ok "$path"
+  if [[ "$DOCTOR_DAEMON" == /* ]]; then # by its path (Hydra)
+    if [[ -x "$DOCTOR_DAEMON" ]]; then
+      doctor_line mpi-daemon ok "$DOCTOR_DAEMON"
+    else
+      doctor_line mpi-daemon FAIL "$DOCTOR_DAEMON: No such file or directory"
+    fi
+  elif path=$(command -v "$DOCTOR_DAEMON"); then # by name on the PATH (Open MPI)
+    doctor_line mpi-daemon ok "$path"
   else
-    doctor_line orted FAIL "orted: not found on PATH=$PATH"
+    doctor_line mpi-daemon FAIL "$DOCTOR_DAEMON: not found on PATH=$PATH"
   fi
   if path=$(command -v ssh); then
     doctor_line ssh ok "$path"
@@ -62,7 +90,7 @@ doctor_checks_tools() {
 doctor_checks_sshd() { # the job's sshd and ssh, on 127.0.0.1:$port in a scratch directory
   local port="$1" out sshd_pid i
   if ! command -v ssh-keygen >/dev/null || [[ ! -x "$SSHD" ]] || ! command -v ssh >/dev/null; then
-    for i in sshd-config ssh-login orted-over-ssh; do
+    for i in sshd-config ssh-login mpi-daemon-over-ssh; do
       doctor_line "$i" skip "needs sshd, ssh and ssh-keygen"
     done
     return 0
@@ -96,18 +124,31 @@ doctor_checks_sshd() { # the job's sshd and ssh, on 127.0.0.1:$port in a scratch
   done
   if ((i < 50)) && [[ -z "$out" ]]; then
     doctor_line ssh-login ok "sshd accepts the job key on 127.0.0.1:$port"
-    if out=$(ssh -F "$SSH_DIR/ssh_config" 127.0.0.1 'command -v orted || echo "orted: command not found (PATH=$PATH)"' \
-      2>&1 </dev/null) && [[ "$out" == /* ]]; then
-      doctor_line orted-over-ssh ok "$out"
+    # As the launcher starts it: a non-interactive command, the daemon by name on the session's
+    # PATH (Open MPI) or by its absolute path (Hydra).
+    if out=$(ssh -F "$SSH_DIR/ssh_config" 127.0.0.1 "$(doctor_daemon_probe "$DOCTOR_DAEMON")" 2>&1 </dev/null) &&
+      [[ "$out" == /* ]]; then
+      doctor_line mpi-daemon-over-ssh ok "$out"
     else
-      doctor_line orted-over-ssh FAIL "$(printf '%s' "$out" | tail -n 1)"
+      doctor_line mpi-daemon-over-ssh FAIL "$(printf '%s' "$out" | tail -n 1)"
     fi
   else
     doctor_line ssh-login FAIL "${out:-sshd ended}: $(tail -n 2 "$RUNTIME_DIR/sshd.log" 2>/dev/null | tr '\n' ' ')"
-    doctor_line orted-over-ssh skip "no ssh login"
+    doctor_line mpi-daemon-over-ssh skip "no ssh login"
   fi
   kill "$sshd_pid" 2>/dev/null || true
   wait "$sshd_pid" 2>/dev/null || true
+}
+
+doctor_daemon_probe() { # daemon -> the remote command that prints its path, or the shell's own words
+  local quoted
+  printf -v quoted '%q' "$1"
+  if [[ "$1" == /* ]]; then
+    printf 'if test -x %s; then echo %s; else echo "%s: No such file or directory"; fi' "$quoted" "$quoted" "$quoted"
+  else
+    # shellcheck disable=SC2016 # $PATH: the remote session's
+    printf 'command -v %s || echo "%s: command not found (PATH=$PATH)"' "$quoted" "$quoted"
+  fi
 }
 
 run_doctor() {

@@ -5,10 +5,12 @@
 #   launch.sh               by GJ_TRAINING_ROLE:
 #                             worker  prepare /run/sshd, exec sshd (nothing else)
 #                             master  compute MPI_HOSTS and MPI_NP (the four host/NP cases, or
-#                                     /etc/mpi/hostfile in hostfile mode), start sshd, wait until
-#                                     every host accepts the job key, print hosts/NP, exec mpiexec
+#                                     /etc/mpi/hostfile in hostfile mode), check the launcher is
+#                                     the job's MPI, start sshd, wait until every host accepts the
+#                                     job key, print hosts/NP, exec mpiexec
 #   launch.sh rank CMD...   what mpiexec starts on every slot: sets RANK, WORLD_SIZE, LOCAL_RANK,
-#                           LOCAL_WORLD_SIZE, NODE_RANK from OMPI_COMM_WORLD_*, then execs CMD
+#                           LOCAL_WORLD_SIZE, NODE_RANK from OMPI_COMM_WORLD_* (Open MPI) or PMI_*
+#                           (Hydra: MPICH, Intel MPI), then execs CMD
 #   launch.sh check-hosts   one ssh login to every rank host, with a reason per failing host
 #   launch.sh stacks [SEC]  every Python rank process of this pod dumps its threads' stacks; waits
 #                           up to SEC seconds (default 5) and prints them, or why one did not answer
@@ -165,19 +167,16 @@ compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS, SELF_HOSTS
   require_count GJ_TRAINING_WORKER_REPLICAS "$worker_replicas"
 
   if [[ "${AIRFLOW_MPI_HOSTS_MODE:-host}" == hostfile ]]; then
-    # A controller's own hostfile when it writes one (mpi-operator), else ours.
+    # A controller's own hostfile when it writes one (mpi-operator), else ours. Lines are
+    # "host slots=N" (Open MPI's) or "host:N" (Hydra's, as mpi-operator writes for MPICH and Intel).
     local hostfile="${AIRFLOW_MPI_HOSTFILE:-$CONFIG_DIR/hostfile}"
+    # shellcheck disable=SC2016 # awk program text: its $1 and $i are awk's
+    local read_line='h = $1; n = 1
+        if (h ~ /:[0-9]+$/) { n = substr(h, index(h, ":") + 1); h = substr(h, 1, index(h, ":") - 1) }
+        for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { n = substr($i, 7) }'
     [[ -r "$hostfile" ]] || die "hostfile mode but $hostfile is missing"
-    MPI_HOSTS=$(awk '!/^[[:space:]]*(#|$)/ {
-        n = 1
-        for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { n = substr($i, 7) }
-        printf "%s%s:%s", sep, $1, n; sep = ","
-      }' "$hostfile")
-    MPI_NP=$(awk '!/^[[:space:]]*(#|$)/ {
-        n = 1
-        for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { n = substr($i, 7) }
-        s += n
-      } END { print s + 0 }' "$hostfile")
+    MPI_HOSTS=$(awk "!/^[[:space:]]*(#|\$)/ { $read_line; printf \"%s%s:%s\", sep, h, n; sep = \",\" }" "$hostfile")
+    MPI_NP=$(awk "!/^[[:space:]]*(#|\$)/ { $read_line; s += n } END { print s + 0 }" "$hostfile")
     HOST_ARGS=(--hostfile "$hostfile")
   else
     if [[ "$master_gpu" -eq 0 && "$worker_gpu" -eq 0 ]]; then
@@ -237,14 +236,23 @@ compute_hosts() { # sets MPI_HOSTS, MPI_NP, HOST_ARGS, RANK_HOSTS, SELF_HOSTS
   done
 }
 
-load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x of unset variables
-  local args_file="$CONFIG_DIR/mpiexec.args" i name
-  local -a raw
+read_args_file() { # sets MPI_IMPLEMENTATION, MPI_LAUNCHER, MPI_LAUNCH_ENV and the rendered tails
+  local args_file="$CONFIG_DIR/mpiexec.args"
   [[ -r "$args_file" ]] || die "missing $args_file: the job's ConfigMap is not mounted"
-  # The renderer writes MPI_ARGS_RENDERED=( 'arg' ... ), every argument single-quoted.
+  MPI_IMPLEMENTATION=openmpi MPI_LAUNCHER=mpiexec MPI_LAUNCH_ENV=() MPI_ARGS_RENDERED_OPEN_MPI_5=()
+  # The renderer writes MPI_ARGS_RENDERED=( 'arg' ... ) and the launcher's lines, every value single-quoted.
   # shellcheck source=/dev/null
   source "$args_file"
+}
+
+load_mpiexec_args() { # sets MPI_ARGS from the tail for this launcher (Open MPI 5 has its own),
+  # dropping the exports of unset variables (-x NAME, names of -genvlist)
+  local i name kept
+  local -a raw names
   raw=("${MPI_ARGS_RENDERED[@]}")
+  if [[ "${LAUNCHER_MAJOR:-}" == 5 && ${#MPI_ARGS_RENDERED_OPEN_MPI_5[@]} -gt 0 ]]; then
+    raw=("${MPI_ARGS_RENDERED_OPEN_MPI_5[@]}")
+  fi
   MPI_ARGS=()
   for ((i = 0; i < ${#raw[@]}; i++)); do
     # mpiexec's options end where the rank wrapper starts: the user's command after it is passed
@@ -260,8 +268,56 @@ load_mpiexec_args() { # sets MPI_ARGS from the rendered args file, dropping -x o
         continue
       fi
     fi
+    if [[ "${raw[i]}" == -genvlist && $((i + 1)) -lt ${#raw[@]} ]]; then
+      IFS=',' read -r -a names <<<"${raw[i + 1]}"
+      kept=""
+      for name in "${names[@]}"; do
+        [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -z "${!name+x}" ]] || kept+="${kept:+,}$name"
+      done
+      i=$((i + 1))
+      [[ -n "$kept" ]] && MPI_ARGS+=(-genvlist "$kept")
+      continue
+    fi
     MPI_ARGS+=("${raw[i]}")
   done
+}
+
+# The launcher must be the MPI the job names: another one's options fail obscurely, or worse,
+# run every rank as a world of its own (docs/guides/mpi-implementations.md).
+launcher_implementation() { # launcher -> prints "openmpi 4.1.4", "mpich 4.0.2", "intel 2021.17", or "? <its first line>"
+  local out version
+  out=$("$1" --version 2>&1 </dev/null) || true
+  case "$out" in
+    *"Intel(R) MPI Library"*)
+      version=$(printf '%s\n' "$out" | sed -n 's/.*Version \([0-9][0-9.]*\).*/\1/p' | head -n 1)
+      echo "intel ${version:-unknown}" ;;
+    *"HYDRA build details"*)
+      version=$(printf '%s\n' "$out" | sed -n 's/^ *Version: *\([0-9][0-9.a-z]*\).*/\1/p' | head -n 1)
+      echo "mpich ${version:-unknown}" ;;
+    *"(OpenRTE)"* | *"(Open MPI)"* | *"(PRRTE)"*)
+      version=$(printf '%s\n' "$out" | sed -n 's/^[^ ]* (\(OpenRTE\|Open MPI\|PRRTE\)) \([0-9][0-9.a-z]*\).*/\2/p' | head -n 1)
+      echo "openmpi ${version:-unknown}" ;;
+    *) echo "? $(printf '%s\n' "$out" | head -n 1)" ;;
+  esac
+}
+
+check_launcher() { # the launcher exists and is the job's MPI; sets LAUNCHER_MAJOR (Open MPI: 4 or 5)
+  local found name version
+  command -v "$MPI_LAUNCHER" >/dev/null ||
+    die "$MPI_LAUNCHER: not found on the master's PATH ($PATH): install the job's MPI ($MPI_IMPLEMENTATION) in the image, or name its launcher by its path in mpi.mpiexec"
+  found=$(launcher_implementation "$MPI_LAUNCHER")
+  name="${found%% *}" version="${found#* }"
+  if [[ "$name" != "$MPI_IMPLEMENTATION" ]]; then
+    if [[ "$name" == "?" ]]; then
+      die "mpi.mpiexec: $MPI_LAUNCHER is not an MPI launcher airflow-mpi knows ('$MPI_LAUNCHER --version' said: $version); mpi.implementation is $MPI_IMPLEMENTATION: name its launcher in mpi.mpiexec"
+    fi
+    die "mpi.implementation is $MPI_IMPLEMENTATION but $(command -v "$MPI_LAUNCHER") is $name $version: set mpi.implementation: $name, or mpi.mpiexec to the launcher of $MPI_IMPLEMENTATION"
+  fi
+  LAUNCHER_MAJOR="${version%%.*}"
+  if [[ "$name" == openmpi && "$LAUNCHER_MAJOR" != 4 && "$LAUNCHER_MAJOR" != 5 ]]; then
+    die "$(command -v "$MPI_LAUNCHER") is Open MPI $version; jobs speak Open MPI 4.x and 5.x: use an image with one of them"
+  fi
+  log "launcher: $(command -v "$MPI_LAUNCHER") ($name $version)"
 }
 
 # --- master: ssh checks ----------------------------------------------------------------------
@@ -320,8 +376,11 @@ probe_hosts() { # host... -> sets FAILED_HOSTS and FAILED_REASONS (parallel, in 
 }
 
 wait_for_hosts() { # host...: every host accepts an ssh login, or exit 1 with a line per host
-  local timeout="${AIRFLOW_MPI_STARTUP_TIMEOUT:-300}" i
+  local timeout="${AIRFLOW_MPI_STARTUP_TIMEOUT:-300}" i round=0
   local -a pending=("$@")
+  # A master started with its workers runs mpiexec this soon after the last sshd answers: sshd
+  # starts within a second of its container, an image pull takes far longer, so back off to 0.5 s.
+  local -a pauses=(0.1 0.1 0.2 0.2 0.3)
   local deadline=$((SECONDS + timeout))
   ((${#pending[@]})) || return 0
   while :; do
@@ -335,7 +394,8 @@ wait_for_hosts() { # host...: every host accepts an ssh login, or exit 1 with a 
       done
       exit 1
     fi
-    sleep 0.5 # a master started with its workers runs mpiexec this soon after the last sshd answers
+    sleep "${pauses[round]:-0.5}"
+    round=$((round + 1))
   done
 }
 
@@ -362,8 +422,21 @@ wait_for_own_names() { # name...: each resolves, or exit 1 naming it
 run_master() {
   local -a cmd
   compute_hosts
+  read_args_file
+  [[ "${AIRFLOW_MPI_DRY_RUN:-0}" == 1 ]] || check_launcher # a dry run prints Open MPI 4's line
   load_mpiexec_args
-  cmd=(mpiexec --allow-run-as-root "${HOST_ARGS[@]}" -np "$MPI_NP" "${MPI_ARGS[@]}")
+  if [[ "$MPI_IMPLEMENTATION" == openmpi ]]; then
+    cmd=("$MPI_LAUNCHER" --allow-run-as-root "${HOST_ARGS[@]}" -np "$MPI_NP" "${MPI_ARGS[@]}")
+  else # Hydra reads no slots= hostfile: the same hosts as a machine file, in both modes
+    cmd=("$MPI_LAUNCHER" -machinefile "$RUNTIME_DIR/hosts")
+    # Hydra starts the ranks of the host it calls local without ssh; it knows this pod's own name
+    # only when told (else it ssh'd to itself, racing this pod's own sshd).
+    ((${#SELF_HOSTS[@]} == 0)) || cmd+=(-localhost "${SELF_HOSTS[0]}")
+    cmd+=(-np "$MPI_NP" "${MPI_ARGS[@]}")
+  fi
+  if ((${#MPI_LAUNCH_ENV[@]})); then
+    cmd=(env "${MPI_LAUNCH_ENV[@]}" "${cmd[@]}")
+  fi
 
   echo "MPI_HOST=${MPI_HOST:-}"
   echo "MPI_HOSTS=${MPI_HOSTS}"
@@ -376,15 +449,28 @@ run_master() {
   fi
 
   install_ssh
+  if [[ "$MPI_IMPLEMENTATION" != openmpi ]]; then # Hydra's machine file: host:n lines
+    tr ',' '\n' <<<"$MPI_HOSTS" >"$RUNTIME_DIR/hosts"
+  fi
   sshd_session_env
   "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config" 2>>"$RUNTIME_DIR/sshd.log" &
-  if ((${#RANK_HOSTS[@]})) && [[ "${AIRFLOW_MPI_HOSTS_VERIFIED:-0}" == 1 ]]; then
+  wait_for_own_names "${SELF_HOSTS[@]}"
+  # Hydra may still ssh to this very pod (Debian's MPICH 4.0 did, -localhost or not, when its
+  # name's address did not look local to it): this pod's own sshd must answer first too.
+  if [[ "$MPI_IMPLEMENTATION" != openmpi ]] && ((${#SELF_HOSTS[@]})); then
+    wait_for_hosts "${SELF_HOSTS[0]}"
+  fi
+  local verdict=check-hosts
+  if [[ "${AIRFLOW_MPI_START_GATE:-}" == stdin ]]; then # started with the workers: wait for the word
+    IFS= read -r verdict || die "the backend closed the start gate without a word: the job is being torn down"
+    exec </dev/null # rank 0's standard input, as without the gate
+  fi
+  if ((${#RANK_HOSTS[@]})) && [[ "$verdict" == hosts-verified ]]; then
     log "sshd on ${#RANK_HOSTS[@]} host(s): checked by the launcher from this pod with its key"
   elif ((${#RANK_HOSTS[@]})); then
     log "waiting for sshd on ${#RANK_HOSTS[@]} host(s)"
     wait_for_hosts "${RANK_HOSTS[@]}"
   fi
-  wait_for_own_names "${SELF_HOSTS[@]}"
   log "starting mpiexec: ${MPI_NP} rank(s)" # every rank must report within a bounded time of this
   exec "${cmd[@]}"
 }
@@ -406,7 +492,11 @@ run_rank() {
   local me="${HOSTNAME%%.*}" pod index=0 line
   local -a pods pre
   (($#)) || die "rank: no command given"
-  [[ -n "${OMPI_COMM_WORLD_RANK:-}" ]] || die "rank: not started by mpiexec (OMPI_COMM_WORLD_RANK is unset)"
+  # Open MPI names the rank OMPI_COMM_WORLD_*; Hydra (MPICH, Intel MPI) PMI_* and MPI_LOCAL*.
+  local rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}" size="${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}"
+  local local_rank="${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}"
+  local local_size="${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-}}"
+  [[ -n "$rank" ]] || die "rank: not started by mpiexec (neither OMPI_COMM_WORLD_RANK nor PMI_RANK is set)"
   # Ranks start through ssh, without the pod's env: unless told, the config directory is the
   # one this script was run from (mpiexec runs <config dir>/launch.sh rank on every backend).
   if [[ -z "${AIRFLOW_MPI_CONFIG_DIR:-}" && -f "${BASH_SOURCE[0]}" ]]; then
@@ -417,9 +507,11 @@ run_rank() {
   export AIRFLOW_MPI_STACKS_DIR="$RUNTIME_DIR/stacks"
   # First thing, one line: the runner checks that every rank starts, on the pod the plan says
   # (docs/contract.md#rank-start), and folds these lines into one.
-  printf 'AIRFLOW_MPI_RANK_START rank=%s size=%s host=%s\n' "$OMPI_COMM_WORLD_RANK" "${OMPI_COMM_WORLD_SIZE:-}" "$me"
-  export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE"
-  export LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"
+  if [[ "${AIRFLOW_MPI_TAG_OUTPUT:-0}" == 1 ]]; then # Hydra: each line tagged here, as --tag-output does
+    tag_rank_output "$rank"
+  fi
+  printf 'AIRFLOW_MPI_RANK_START rank=%s size=%s host=%s\n' "$rank" "$size" "$me"
+  export RANK="$rank" WORLD_SIZE="$size" LOCAL_RANK="$local_rank" LOCAL_WORLD_SIZE="$local_size"
   NODE_RANK=0
   IFS=',' read -r -a pods <<<"${AIRFLOW_MPI_RANK_PODS:-}"
   for pod in "${pods[@]}"; do
@@ -459,11 +551,53 @@ run_rank() {
       esac
     done
     if [[ "${1:-}" == -m && "${2:-}" == mpi4py ]] || ! "$python" -c 'import mpi4py' 2>/dev/null; then
-      exec "$python" "${pre[@]}" "$@"
+      run_rank_command "$rank" "$python" "${pre[@]}" "$@"
     fi
-    exec "$python" "${pre[@]}" -m mpi4py "$@"
+    run_rank_command "$rank" "$python" "${pre[@]}" -m mpi4py "$@"
   fi
-  exec "$@"
+  run_rank_command "$rank" "$@"
+}
+
+# Open MPI ends the whole job when a rank exits non-zero (orte_abort_on_non_zero_status); Hydra
+# waits for every other rank instead, unless the rank was an MPI process. Under Hydra the wrapper
+# stays the rank's parent: on a non-zero exit it prints the rank and code, lets its line reach
+# the launcher, and ends its Hydra proxy, which ends the job within a second.
+run_rank_command() { # rank CMD...: exec CMD, or under Hydra run it and end the job if it fails
+  local rank="$1" code=0
+  shift
+  [[ "${AIRFLOW_MPI_ABORT_ON_EXIT:-0}" == 1 ]] || exec "$@"
+  "$@" || code=$?
+  if ((code)); then
+    printf 'AIRFLOW_MPI_RANK_EXIT rank=%s code=%s host=%s\n' "$rank" "$code" "${HOSTNAME%%.*}" >&2
+    exec >&- 2>&- # the taggers see the end, print what is left and exit
+    wait || true
+    sleep 0.3 # the proxy forwards the last lines before it goes
+    kill -KILL "$PPID" 2>/dev/null || true
+  fi
+  exit "$code"
+}
+
+# The rank's stdout and stderr each through a tagger: "[1,RANK]<stdout>:" or "<stderr>:" before
+# every line, as Open MPI's --tag-output writes it, so the task log reads every implementation
+# alike. Both taggers write to the rank's stdout: the launcher forwards each of its streams in
+# pieces that need not end at a line, and two streams meeting in one log would cut lines apart
+# (stderr is redirected first, so both get the original stdout).
+tag_rank_output() { # rank
+  exec 2> >(tag_lines "[1,$1]<stderr>:") > >(tag_lines "[1,$1]<stdout>:")
+}
+
+# Each line of stdin, with the tag before it, in one write, as soon as it is read: perl (in every
+# Debian-based image); else GNU sed -u (a read a byte: ~40 times slower on a flood); else awk.
+# Not mawk -W interactive: it writes the tag, the text and the newline apart, and the other
+# tagger's lines land between them. Plain mawk waits for a full buffer before it reads a line.
+tag_lines() { # tag (digits and [,]<>: only)
+  if command -v perl >/dev/null; then
+    exec perl -e '$| = 1; my $tag = shift; print $tag, $_ while <STDIN>;' "$1"
+  elif sed --version >/dev/null 2>&1; then
+    exec sed -u "s/^/$1/"
+  fi
+  # shellcheck disable=SC2016 # the awk program's $0 is awk's
+  exec awk -v tag="$1" '{ print tag $0; fflush() }'
 }
 
 # --- stacks ----------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ for _stream in (sys.stdout, sys.stderr):
 
 
 def _register_for_stacks() -> None:
-    rank, directory = os.environ.get("OMPI_COMM_WORLD_RANK", ""), os.environ.get("AIRFLOW_MPI_STACKS_DIR", "")
+    # The rank as the launcher numbers it: Open MPI's variable, or Hydra's (MPICH, Intel MPI).
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK", "")
+    directory = os.environ.get("AIRFLOW_MPI_STACKS_DIR", "")
     if not rank.isdigit() or not directory:
         return
     import atexit

@@ -3,11 +3,21 @@ forwards them (``mpiexec_args`` reads ``extra_args`` and holds what the product 
 
 from __future__ import annotations
 
+import re
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from airflow_mpi.exceptions import SpecIssue
 from airflow_mpi.spec.formats import CONTROL, mca_value_problem
-from airflow_mpi.spec.mpiexec_args import OWNED_FLAGS, OWNED_MCA, check_export, check_extra_args, check_mca
+from airflow_mpi.spec.mpiexec_args import (
+    HYDRAS,
+    IMPLEMENTATIONS,
+    OWNED_FLAGS,
+    OWNED_MCA,
+    check_export,
+    check_extra_args,
+    check_mca,
+)
 
 if TYPE_CHECKING:
     from airflow_mpi.spec.types import MPIJobSpec
@@ -19,6 +29,27 @@ BIND_TO = {"none", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket"
 MAP_BY = {"slot", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa", "board", "node"}
 
 MAX_RANKS = 65536  # mpi.np and mpi.npernode, oversubscribed or not
+
+LAUNCHER = re.compile(r"^(?:/[A-Za-z0-9_.+-]+)+$|^[A-Za-z0-9_.+-]+$")  # a name on PATH, or an absolute path
+
+# Open MPI's own options, each with what Hydra (MPICH, Intel MPI) offers instead: refused there.
+OPEN_MPI_ONLY = {
+    "mca": "Hydra has no MCA parameters: set the MPI's own variables in the spec's env",
+    "pml": "Hydra has no MCA parameters",
+    "btl": "Hydra has no MCA parameters",
+    "btl_tcp_if_include": "Hydra picks the network interface with mpi.extra_args ['-iface', 'eth0']",
+    "btl_tcp_if_exclude": "Hydra picks the network interface with mpi.extra_args ['-iface', 'eth0']",
+    "oob_tcp_if_include": "Hydra picks the network interface with mpi.extra_args ['-iface', 'eth0']",
+    "oob_tcp_if_exclude": "Hydra picks the network interface with mpi.extra_args ['-iface', 'eth0']",
+    "oversubscribe": "Hydra places more ranks than slots by itself",
+    "help_aggregate": "it is Open MPI's help-message setting",
+    "display_map": "it is Open MPI's",
+    "report_bindings": "it is Open MPI's",
+    "leave_session_attached": "it is Open MPI's",
+    "quiet": "it is Open MPI's",
+    "debug": "Hydra's launch details come with mpi.verbose",
+    "no_tree_spawn": "Hydra's master starts every proxy itself",
+}
 
 
 # The typed --mca options, each with an example value for its message.
@@ -34,7 +65,7 @@ MCA_EXAMPLES = {
 
 def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
     mpi = spec.mpi
-    issues = []
+    issues = _check_implementation(spec)
     for key in ("np", "npernode"):
         value = getattr(mpi, key)
         if value is not None and value < 1:
@@ -81,4 +112,41 @@ def check_mpi(spec: MPIJobSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("mpi.master_port", f"is {mpi.master_port}", "use a TCP port 1-65535 (default 29500)"))
     if mpi.master_port == spec.ssh_port:
         issues.append(SpecIssue("mpi.master_port", "is the sshd port", "use another port (default 29500)"))
+    return issues
+
+
+def launcher_problem(launcher: str) -> str | None:
+    """Why ``launcher`` cannot be a job's ``mpi.mpiexec`` (None: it can): a name on the PATH or
+    an absolute path, nothing a shell would read."""
+    if LAUNCHER.match(launcher) and len(launcher) <= 4096:
+        return None
+    return f"{launcher[:80]!r} is not a command name or an absolute path"
+
+
+def _check_implementation(spec: MPIJobSpec) -> list[SpecIssue]:
+    """The MPI named, its launcher's name, and no option of Open MPI's own for another MPI."""
+    mpi = spec.mpi
+    issues = []
+    if mpi.implementation not in IMPLEMENTATIONS:
+        issues.append(
+            SpecIssue(
+                "mpi.implementation",
+                f"{mpi.implementation!r} is not an MPI airflow-mpi launches",
+                f"use one of {list(IMPLEMENTATIONS)} (Intel MPI: 'intel')",
+            )
+        )
+    if problem := launcher_problem(mpi.mpiexec):
+        issues.append(SpecIssue("mpi.mpiexec", problem, "use e.g. 'mpiexec' or '/usr/bin/mpiexec.mpich'"))
+    if mpi.implementation in HYDRAS:
+        defaults = {f.name: f.default for f in fields(mpi) if f.name != "mca"}
+        for key, instead in OPEN_MPI_ONLY.items():
+            value = getattr(mpi, key)
+            if (key == "mca" and value) or (key != "mca" and value != defaults[key]):
+                issues.append(
+                    SpecIssue(
+                        f"mpi.{key}",
+                        f"is Open MPI's; mpi.implementation is {mpi.implementation}",
+                        f"remove it: {instead}",
+                    )
+                )
     return issues

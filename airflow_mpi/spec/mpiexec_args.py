@@ -34,6 +34,21 @@ OWNED_MCA = {
     "orte_launch_agent": "the daemon ssh starts on every worker is Open MPI's own orted",
     "orte_keep_fqdn_hostnames": "pod host names are <pod>.<job> and must stay fully qualified",
 }
+# The MPIs a job may name; MPICH and Intel MPI both launch with Hydra, in one spelling.
+OPEN_MPI = "openmpi"
+HYDRAS = frozenset({"mpich", "intel"})
+IMPLEMENTATIONS = (OPEN_MPI, "mpich", "intel")
+
+# Hydra's (MPICH's, Intel MPI's) variables for the same things: the ssh launch, the hosts, the
+# environment passed to ranks, the time limit. In a spec's env they reach the master's launcher.
+OWNED_LAUNCHER_ENV = {
+    **dict.fromkeys(("HYDRA_LAUNCHER", "HYDRA_LAUNCHER_EXEC", "HYDRA_LAUNCHER_EXTRA_ARGS"), _SSH),
+    **dict.fromkeys(("HYDRA_BOOTSTRAP", "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP"), _SSH),
+    **dict.fromkeys(("I_MPI_HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS"), _SSH),
+    **dict.fromkeys(("HYDRA_HOST_FILE", "I_MPI_HYDRA_HOST_FILE"), "the launch script passes the hosts"),
+    **dict.fromkeys(("HYDRA_ENV", "I_MPI_HYDRA_ENV"), "only the exported variables may reach the ranks"),
+    **dict.fromkeys(("MPIEXEC_TIMEOUT", "I_MPI_MPIEXEC_TIMEOUT", "I_MPI_JOB_TIMEOUT"), "the job's timeout sets it"),
+}
 MCA_OPTIONS = frozenset({"--mca", "-mca", "--gmca", "-gmca"})  # each takes NAME VALUE
 EXPORT_OPTIONS = frozenset({"-x", "--x"})
 
@@ -55,8 +70,22 @@ OWNED_FLAGS = {
 }
 
 
+# Hydra's flags (one dash) for what the product owns, and its exports: -genv NAME VALUE, and lists of names.
+HYDRA_OWNED_FLAGS = {
+    **dict.fromkeys(("-hosts", "-host", "-f", "-hostfile", "-machinefile", "-machine", "-configfile"), _HOSTS),
+    **dict.fromkeys(("-np", "-n"), "mpi.np"),
+    **dict.fromkeys(("-ppn", "-perhost"), "mpi.npernode"),
+    **dict.fromkeys(("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rmk"), "(the ssh launch)"),
+    **dict.fromkeys(("-genvnone", "-genvall", "-envall", "-envnone", "-genvlist", "-envlist"), "mpi.export_env"),
+    **dict.fromkeys(("-disable-auto-cleanup", "-auto-cleanup"), _ABORT),
+}
+HYDRA_EXPORT_OPTIONS = frozenset({"-genv", "-env"})  # each takes NAME VALUE
+
+
 def check_extra_args(spec: MPIJobSpec) -> list[SpecIssue]:
     """Every problem of ``mpi.extra_args``, each naming the item (``mpi.extra_args[3]``) and the fix."""
+    if spec.mpi.implementation in HYDRAS:
+        return _check_hydra_args(spec)
     args = spec.mpi.extra_args
     issues: list[SpecIssue] = []
     index = 0
@@ -90,9 +119,42 @@ def check_extra_args(spec: MPIJobSpec) -> list[SpecIssue]:
             issues.append(_owned_flag(spec, flag, path))
             index += 1
         else:
-            problem = mca_value_problem(arg)
-            if problem is not None:
-                issues.append(SpecIssue(path, problem, "pass such text to your command, not to mpiexec"))
+            unsafe = mca_value_problem(arg)
+            if unsafe is not None:
+                issues.append(SpecIssue(path, unsafe, "pass such text to your command, not to mpiexec"))
+            index += 1
+    return issues
+
+
+def _check_hydra_args(spec: MPIJobSpec) -> list[SpecIssue]:
+    """``mpi.extra_args`` read as Hydra reads them: one-dash flags, ``-genv NAME VALUE``."""
+    args, implementation = spec.mpi.extra_args, spec.mpi.implementation
+    issues: list[SpecIssue] = []
+    index = 0
+    while index < len(args):
+        arg, path = args[index], f"mpi.extra_args[{index}]"
+        if CONTROL.search(arg) or not arg.strip():
+            problem = f"{arg[:80]!r} is empty or contains a newline or control character"
+            issues.append(SpecIssue(path, problem, "give each option and value as one item, e.g. ['-iface', 'eth0']"))
+            index += 1
+        elif arg in HYDRA_EXPORT_OPTIONS:
+            if index + 2 >= len(args):
+                problem = f"{arg!r} takes a name and a value as the next two items"
+                issues.append(SpecIssue(path, problem, "or use the spec's env, which reaches every rank"))
+                break
+            issues += check_export(f"{args[index + 1]}={args[index + 2]}", f"mpi.extra_args[{index + 1}]")
+            index += 3
+        elif arg in HYDRA_OWNED_FLAGS:
+            issues.append(_owned_flag(spec, arg, path, HYDRA_OWNED_FLAGS))
+            index += 1
+        elif arg in MCA_OPTIONS | EXPORT_OPTIONS or arg.startswith("--"):
+            problem = f"{arg[:80]!r} is Open MPI's; mpi.implementation is {implementation} (Hydra)"
+            issues.append(SpecIssue(path, problem, "use Hydra's spelling (-iface eth0), the spec's env for variables"))
+            index += 1
+        else:
+            unsafe = mca_value_problem(arg)
+            if unsafe is not None:
+                issues.append(SpecIssue(path, unsafe, "pass such text to your command, not to mpiexec"))
             index += 1
     return issues
 
@@ -136,6 +198,8 @@ def check_export(item: str, path: str) -> list[SpecIssue]:
     mca = name[len("OMPI_MCA_") :] if name.startswith("OMPI_MCA_") else ""
     if mca in OWNED_MCA:
         return [SpecIssue(path, f"{name} would change {mca}, set by airflow-mpi: {OWNED_MCA[mca]}", "remove it")]
+    if name in OWNED_LAUNCHER_ENV:
+        return [SpecIssue(path, f"{name} is set by airflow-mpi: {OWNED_LAUNCHER_ENV[name]}", "remove it")]
     if CONTROL.search(value):
         return [SpecIssue(path, f"{name}'s value contains a newline or control character", "give a value on one line")]
     size = env_string_bytes(name, value)
@@ -150,8 +214,8 @@ def check_export(item: str, path: str) -> list[SpecIssue]:
     return []
 
 
-def _owned_flag(spec: MPIJobSpec, flag: str, path: str) -> SpecIssue:
-    owner = OWNED_FLAGS[flag]
+def _owned_flag(spec: MPIJobSpec, flag: str, path: str, owned: dict[str, str] = OWNED_FLAGS) -> SpecIssue:
+    owner = owned[flag]
     if owner == _HOSTS:
         return SpecIssue(
             path,
@@ -169,4 +233,6 @@ def _owned_flag(spec: MPIJobSpec, flag: str, path: str) -> SpecIssue:
             "give MCA parameters in mpi.mca and options in mpi.extra_args",
         )
     fix = f"use {owner} instead" if owner.startswith(("mpi.", "timeout")) else "remove it"
+    if owner == "mpi.export_env":
+        fix = "name the variables in mpi.export_env or the spec's env: only those reach the ranks"
     return SpecIssue(path, f"{flag!r} is set by airflow-mpi", fix)

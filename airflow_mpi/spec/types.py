@@ -68,8 +68,18 @@ class WorkerSpec(RoleSpec):
 class MPIOptions:
     """Typed mpiexec options; the defaults map one rank per slot, bind nothing and tag output by
     rank. ``timeout`` comes from the job's ``timeout``; host list, ``-np`` and
-    ``--allow-run-as-root`` are the launch script's (docs/contract.md#mpiexec-options)."""
+    ``--allow-run-as-root`` are the launch script's (docs/contract.md#mpiexec-options). Each
+    option is rendered in the named implementation's own spelling
+    (docs/guides/mpi-implementations.md); Open MPI's own (``mca``, ``btl``, ...) are refused for
+    the others."""
 
+    implementation: str = "openmpi"
+    """The MPI the image's launcher belongs to: ``openmpi`` (4.x or 5.x, told apart at launch),
+    ``mpich`` (Hydra) or ``intel`` (Intel MPI's Hydra). A launcher of another one fails the job
+    at once, naming both."""
+    mpiexec: str = "mpiexec"
+    """The launcher the master runs: a name on its ``PATH`` or an absolute path, e.g.
+    ``/usr/bin/mpiexec.mpich``."""
     np: int | None = None
     """``-np``: fewer ranks than slots. Default: every slot."""
     npernode: int | None = None

@@ -1,5 +1,5 @@
 """What the deferred trigger reads beyond the job's pods, as the waiting backend does, so both
-decide alike (``kinds.JobKind``): the kind's top object while no pod exists (the job is queued,
+decide alike (``kinds.base.JobKind``): the kind's top object while no pod exists (the job is queued,
 or its controller refused it: its events say so), and, once, why the master pod was deleted
 (an MPIJob's ``Failed`` condition, written a moment after the pod goes). Nothing is read for
 the ``pods`` kind.
@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from airflow_mpi.backends.k8s_errors import NOT_FOUND, ApiSilence, api_status
-from airflow_mpi.kinds.strategy import CONDITION_WAIT, JobKind
+from airflow_mpi.kinds.base import CONDITION_WAIT, JobKind
 from airflow_mpi.observe.status import PodTable
 from airflow_mpi.spec import Role
 
@@ -68,10 +68,11 @@ class KindReads:
                 self.master_gone_failure, self._master_gone_read = failure, True
                 break
             await asyncio.sleep(0.2)
-        if not pods and kind.reads_events_to_queue(self.top):
+        selector = kind.events_selector(self.job_name, self.top) if not pods else None
+        if selector is not None:
             events = await CoreV1Api(api_client).list_namespaced_event(
                 self.namespace,
-                field_selector=kind.events_selector(self.job_name),
+                field_selector=selector,
                 _request_timeout=silence.request_timeout(since),
             )
             items = [api_client.sanitize_for_serialization(event) for event in events.items]

@@ -40,7 +40,7 @@ from airflow_mpi.events import Envelope, Outcome, WaitContract
 from airflow_mpi.job.mpirun import TIMEOUT_GRACE
 from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.manifests import log_lease_name
-from airflow_mpi.kinds.strategy import job_kind
+from airflow_mpi.kinds.registry import job_kind
 from airflow_mpi.observe.master_output import MasterOutput, OutputPlan
 from airflow_mpi.observe.output import TAIL_LINES
 from airflow_mpi.observe.queueing import QueueClock
@@ -409,7 +409,9 @@ class MPIJobTrigger(BaseTrigger):
             return None
         pods = list(table.pods.values())
         gang, queue = self.contract.gang, self.contract.queue
-        if gang and (not pods or self.kind.queue_check(gang, queue, pods, self.beyond_pods.top).reason):
+        if gang and (
+            not pods or self.kind.admission(self.job_name, gang, queue, pods, self.beyond_pods.top, lambda: None).queued
+        ):
             return None  # a queued job's pods may not exist yet: ``decide`` bounds that wait
         missing = [name for name in self.roles if name not in table.pods]
         if missing and len(missing) == len(self.roles):

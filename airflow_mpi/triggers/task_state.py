@@ -21,7 +21,11 @@ from airflow_mpi.compat import task_states
 # triggerer, or resumed to finish it. Any other state (failed, success, up_for_retry, cleared)
 # is the user's action, or the task's end, and the job is deleted.
 STILL_THE_TASKS = frozenset({"deferred", "scheduled", "queued", "running"})
-ASK_TIMEOUT = 10.0  # seconds the triggerer's supervisor may take to answer
+# Seconds the triggerer's supervisor may take to answer. Generous: a loaded machine delays the
+# answer exactly when it delays the heartbeat that hands the trigger to another triggerer, and
+# deleting the job then, for want of an answer, would end a job the other copy follows. A kill
+# waits this long at most; the job is deleted all the same if no answer comes.
+ASK_TIMEOUT = 60.0
 
 log = logging.getLogger(__name__)
 

@@ -245,6 +245,8 @@ class Cluster:
 
 CHECKOUT_STATE = REPO / ".cluster"
 CONTROLLERS = ("mpi-operator", "volcano", "kueue", "trainer")  # what `make cluster-up` starts
+UP_TIMEOUT = 600  # about 1 minute on an idle 2-core machine; several beside other heavy work
+STOP_TIMEOUT = 300  # the Nodes' pods stopped, the control plane, the host's settings restored
 
 
 def up(nodes: int = 3) -> int:
@@ -265,14 +267,21 @@ def up(nodes: int = 3) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "tests.cluster", "supervise", str(nodes)], cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     (CHECKOUT_STATE / "supervisor.pid").write_text(str(proc.pid))
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + UP_TIMEOUT
     while time.monotonic() < deadline and not ready.exists():
         if proc.poll() is not None:
             print((CHECKOUT_STATE / "supervisor.log").read_text()[-4000:], file=sys.stderr)
             return 1
         time.sleep(0.5)
-    print(ready.read_text() if ready.exists() else "the cluster did not come up in 300 s")
-    return 0 if ready.exists() else 1
+    if ready.exists():
+        print(ready.read_text())
+        return 0
+    # Not up in time: stop what the supervisor started, so a failed `up` leaves nothing running.
+    stopped = _stop_supervisor(proc.pid)
+    print((CHECKOUT_STATE / "supervisor.log").read_text()[-4000:], file=sys.stderr)
+    print(f"the cluster did not come up in {UP_TIMEOUT} s; "
+          + ("what it had started is stopped" if stopped else "its supervisor would not stop: `make cluster-down`"))  # fmt: skip
+    return 1
 
 
 def supervise(nodes: int) -> int:
@@ -285,25 +294,33 @@ def supervise(nodes: int) -> int:
     started = time.monotonic()
     images = list(cached_archives().values()) if node_tools_built() else []
     cluster = Cluster(CHECKOUT_STATE / "run", nodes, images=images or None)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    cluster.start()
-    for name in CONTROLLERS:
-        cluster.controller(name)
-    shutil.copy(cluster.kubeconfig, CHECKOUT_STATE / "kubeconfig")
-    # What `airflow-up`, another process, needs to reach this cluster's Nodes and volumes.
-    real = [{"index": n.index, "name": n.name, "address": n.address, "workdir": str(n.workdir), "state": str(n.state)}
-            for n in (cluster.real.nodes if cluster.real else [])]  # fmt: skip
-    (CHECKOUT_STATE / "cluster.json").write_text(json.dumps({"workdir": str(cluster.workdir), "nodes": real}))
-    (CHECKOUT_STATE / "ready").write_text(
-        f"cluster up in {time.monotonic() - started:.1f} s: {nodes} {'real ' if images else ''}Nodes Ready; "
-        f"{', '.join(CONTROLLERS)} running\n"
-        f"export KUBECONFIG={CHECKOUT_STATE / 'kubeconfig'}\n"
-    )
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the stop that follows runs to its end
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # SIGTERM (`down`, or `up` giving up) ends the supervisor wherever it is, starting included.
+    signal.signal(signal.SIGTERM, stop)
     try:
-        while not stop:
+        cluster.start()
+        for name in CONTROLLERS:
+            cluster.controller(name)
+        shutil.copy(cluster.kubeconfig, CHECKOUT_STATE / "kubeconfig")
+        # What `airflow-up`, another process, needs to reach this cluster's Nodes and volumes.
+        real = [{"index": n.index, "name": n.name, "address": n.address, "workdir": str(n.workdir),
+                 "state": str(n.state)} for n in (cluster.real.nodes if cluster.real else [])]  # fmt: skip
+        (CHECKOUT_STATE / "cluster.json").write_text(json.dumps({"workdir": str(cluster.workdir), "nodes": real}))
+        (CHECKOUT_STATE / "ready").write_text(
+            f"cluster up in {time.monotonic() - started:.1f} s: {nodes} {'real ' if images else ''}Nodes Ready; "
+            f"{', '.join(CONTROLLERS)} running\n"
+            f"export KUBECONFIG={CHECKOUT_STATE / 'kubeconfig'}\n"
+        )
+        while True:
             time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         cluster.stop()
     return 0
 
@@ -356,16 +373,23 @@ def airflow_up(dags: Path) -> int:
 
 def down() -> int:
     pid_file = CHECKOUT_STATE / "supervisor.pid"
-    if pid_file.exists():
-        pid = int(pid_file.read_text())
-        if _alive(pid):
-            os.kill(pid, 15)
-            deadline = time.monotonic() + 120
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
+    if pid_file.exists() and not _stop_supervisor(int(pid_file.read_text())):
+        print(f"the cluster's supervisor (pid {pid_file.read_text()}) did not stop in {STOP_TIMEOUT} s; "
+              f"its log: {CHECKOUT_STATE / 'supervisor.log'}", file=sys.stderr)  # fmt: skip
+        return 1
     shutil.rmtree(CHECKOUT_STATE, ignore_errors=True)
     print("the cluster is down")
     return 0
+
+
+def _stop_supervisor(pid: int) -> bool:
+    """SIGTERM the supervisor and wait until it has stopped the cluster; whether it has."""
+    if _alive(pid):
+        os.kill(pid, 15)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -32,6 +32,23 @@ HOW_TO_BUILD = (
 )
 
 
+# The modules that start mpi-operator: one cluster on this host may run it at a time (its health
+# port is fixed: controlplane.host_lock), and the real-Node tier, beside this session under `make
+# test`, holds it until it ends. They run last, so this session does the rest meanwhile.
+MPI_OPERATOR_MODULES = ("test_deferred_kinds_real.py", "test_kueue_real.py", "test_mpijob_real.py",
+                        "test_retries_real.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This directory's tests in their order, those of ``MPI_OPERATOR_MODULES`` last."""
+    here = Path(__file__).parent
+    slots = [at for at, item in enumerate(items) if Path(str(item.fspath)).parent == here]
+    ours = [items[at] for at in slots]
+    late = [item for item in ours if Path(str(item.fspath)).name in MPI_OPERATOR_MODULES]
+    for at, item in zip(slots, [item for item in ours if item not in late] + late, strict=True):
+        items[at] = item
+
+
 def _required() -> bool:
     return os.environ.get("CI") == "true" or os.environ.get("AIRFLOW_MPI_REQUIRE_CLUSTER") == "1"
 

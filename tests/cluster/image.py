@@ -124,16 +124,19 @@ def _run(argv: list[str], log, **kwargs) -> None:
 
 
 class Buildah:
-    """buildah with a storage root of its own (vfs: no mounts), removed by ``close``."""
+    """buildah with a storage root of its own, removed by ``close``: vfs (no mounts) to build,
+    overlay to run images (vfs copies every layer whole: seconds to make, a minute to remove
+    under load)."""
 
-    def __init__(self, log) -> None:
+    def __init__(self, log, driver: str = "vfs") -> None:
         self.root = Path(tempfile.mkdtemp(prefix="airflow-mpi-buildah-", dir="/var/tmp"))
         self.log = log
+        self.driver = driver
 
     def command(self, *args: str) -> list[str]:
         """The argv of ``buildah ARGS`` on this storage root (to run it oneself)."""
         return ["buildah", "--root", str(self.root / "root"), "--runroot", str(self.root / "run"),
-                "--storage-driver", "vfs", *args]  # fmt: skip
+                "--storage-driver", self.driver, *args]  # fmt: skip
 
     def __call__(self, *args: str, cwd: Path | None = None) -> None:
         t0 = time.monotonic()
@@ -147,7 +150,13 @@ class Buildah:
         partial.rename(archive)
 
     def close(self) -> None:
-        # chroot isolation leaves nothing mounted; a root-owned tree of image layers is all there is.
+        # vfs with chroot isolation mounts nothing; overlay's mounts are undone by ``buildah rm``,
+        # and any a killed run left are undone here before the tree of image layers goes.
+        if self.driver != "vfs":
+            below = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+                     if line.split()[1].startswith(f"{self.root}/")]  # fmt: skip
+            for mount in reversed(below):
+                subprocess.run(["umount", "--lazy", mount], capture_output=True, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

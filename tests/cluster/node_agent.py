@@ -44,7 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from airflow_mpi.backends.sandbox import Mount, Sandbox
+from airflow_mpi.backends.sandbox import Sandbox
+from airflow_mpi.backends.sandbox_pod import Mount
 from tests.cluster.kubeapi import ApiError, KubeApi, Obj
 from tests.doubles.real_kubelet import tmpfs_size
 

@@ -202,12 +202,17 @@ def check_pycompat() -> dict[str, Any]:
     }
 
 
+# The checks that take arguments run alone; the others run together in one interpreter (each
+# start imports Airflow: seconds of CPU): ``release_check.py form socket pycompat``.
+WITH_ARGUMENTS = {"dags": check_dags, "reattach": check_reattach}
+PLAIN = {"form": check_form, "socket": check_log_socket, "pycompat": check_pycompat}
+
+
 def main(what: str, *args: str) -> None:
     import airflow
 
-    checks = {"dags": check_dags, "reattach": check_reattach, "form": check_form, "socket": check_log_socket,
-              "pycompat": check_pycompat}  # fmt: skip
-    result = checks[what](*args)
+    plain = what not in WITH_ARGUMENTS
+    result = {name: PLAIN[name]() for name in (what, *args)} if plain else WITH_ARGUMENTS[what](*args)
     result["airflow"] = airflow.__version__
     result["python"] = f"{sys.version_info[0]}.{sys.version_info[1]}"
     print("RELEASE-CHECK " + json.dumps(result, default=str), flush=True)

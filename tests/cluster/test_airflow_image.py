@@ -65,7 +65,7 @@ def images() -> Iterator[Images]:
         if _required():
             pytest.fail(HOW_TO_BUILD)
         pytest.skip(HOW_TO_BUILD)
-    buildah = image.Buildah(log=lambda _: None)
+    buildah = image.Buildah(log=lambda _: None, driver="overlay")  # layers shared, not copied
     netns = subprocess.Popen(["unshare", "--net", "sleep", "900"])
     try:
         for archive in archives.values():

@@ -194,6 +194,7 @@ def run(root: Path, env: dict[str, str], *argv: str, timeout: float = 600) -> su
 
 
 def check(root: Path, env: dict[str, str], *args: str) -> tuple[dict[str, Any], str]:
+    """``release_check.py ARGS`` in the virtualenv: its result and its output."""
     done = run(root, env, str(root / "venv" / "bin" / "python"), "release_check.py", *args)
     output = done.stdout + done.stderr
     found = [line for line in done.stdout.splitlines() if line.startswith("RELEASE-CHECK ")]
@@ -223,11 +224,13 @@ def test_the_declared_pythons_are_the_ones_run() -> None:
 
 def check_release(version: str, root: Path, cluster: Cluster, namespace: str, python: str | None = None) -> None:
     env = release_env(root, cluster, namespace)
-    started = time.monotonic()
+    laps = Laps()
     migrated = run(root, env, "airflow", "db", "migrate")
     assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
+    laps("migrate")
 
     ran, output = check(root, env, "dags")
+    laps("the DAG")
     assert ran["airflow"] == version
     if python is not None:
         assert ran["python"] == python, ran
@@ -249,21 +252,24 @@ def check_release(version: str, root: Path, cluster: Cluster, namespace: str, py
     assert "the live log's mark" not in output, output[-6000:]  # the real API server took the mark's writes
 
     reattached, output = check(root, env, "reattach", f"retry-{time.monotonic_ns()}", str(root / "store.json"))
+    laps("reattach")
     assert reattached["first_alive_at_kill"] and reattached["reattached"], (reattached, output[-4000:])
     assert reattached["result"] == {"steps": 60}
     second = reattached["second"]
     assert second == [f"{i:03d}" for i in range(int(second[0]), 60)], second  # on from there, none skipped
     assert 0 < int(second[0]) <= int(reattached["first"][-1]) + 1, (reattached["first"][-3:], second[:3])
 
-    form, _ = check(root, env, "form")
+    plain, _ = check(root, env, "form", "socket", "pycompat")
+    laps("form, socket, pycompat")
+    form = plain["form"]
     assert form["hook"] == "MPI job backend" and form["testable"]
     assert form["fields"] == FORM_FIELDS, form
     assert form["hidden"] == ["extra", "host", "login", "password", "port", "schema"], form
 
-    channel, _ = check(root, env, "socket")  # the deferred log's non-blocking channel finds its socket
-    assert (channel["checked"], channel["found"], channel["airflow"]) == (True, True, version), channel
+    channel = plain["socket"]  # the deferred log's non-blocking channel finds its socket
+    assert (channel["checked"], channel["found"], plain["airflow"]) == (True, True, version), channel
 
-    compat, _ = check(root, env, "pycompat")  # asyncio.timeout and add_note as on 3.11+
+    compat = plain["pycompat"]  # asyncio.timeout and add_note as on 3.11+
     assert compat["expired"] == ["TimeoutError", True] and compat["in_time"] == ["done", False], compat
     assert compat["notes"] == ["teardown left: pod x"], compat
 
@@ -274,4 +280,23 @@ def check_release(version: str, root: Path, cluster: Cluster, namespace: str, py
     rendered = run(root, env, "airflow-mpi", "render", "job.json")
     assert rendered.returncode == 0 and "kind: Pod" in rendered.stdout, rendered.stdout[-2000:] + rendered.stderr
     assert job_objects(cluster.api(), namespace) == []
-    print(f"Airflow {version} (Python {python or 'of this run'}): the checks in {time.monotonic() - started:.1f}s")
+    laps("the command line")
+    print(f"Airflow {version} (Python {python or 'of this run'}): the checks in {laps.total():.1f}s ({laps})")
+
+
+class Laps:
+    """How long each part of a check took, for the tier's output."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.parts: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.parts[name], self.last = now - self.last, now
+
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.1f}s" for name, seconds in self.parts.items())

@@ -23,7 +23,7 @@ from airflow_mpi.exceptions import MPIJobError
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan, render_plan
 from airflow_mpi.kinds.permissions import build_job_rules
-from airflow_mpi.kinds.strategy import job_kind
+from airflow_mpi.kinds.registry import job_kind
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
@@ -157,7 +157,7 @@ def test_each_verb_a_backend_or_gang_adds_is_checked_before_anything_is_created(
 ) -> None:
     namespace = refused_namespace
     gang = scheduling["gang"] if scheduling else None
-    rules = without([dict(rule) for rule in build_job_rules(job_kind(kind).rules, gang)], resource, verb)
+    rules = without([dict(rule) for rule in build_job_rules(job_kind(kind)._rules, gang)], resource, verb)
     kubeconfig = cluster.service_account_kubeconfig(namespace, "airflow-worker", rules, tmp_path / "sa.kubeconfig")
     backend = KubernetesBackend(api_client=api_client(kubeconfig), namespace=namespace, kind=kind)
     spec = make_plan(namespace, **({"scheduling": scheduling} if scheduling else {})).spec

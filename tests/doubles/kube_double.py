@@ -64,6 +64,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
+from airflow_mpi.contract import ENV_ROLE, ENV_STARTUP_TIMEOUT, ENV_WORKER_REPLICAS
+from airflow_mpi.job.naming import LABEL_JOB, LABEL_ROLE
 from tests.doubles import podsecurity
 from tests.doubles.apivalidation import (
     KINDS,
@@ -1329,6 +1331,8 @@ class ScriptedKubelet:
             if script.ready_delay:
                 time.sleep(script.ready_delay)
             double.update_pod_status(namespace, name, lambda p: _set_running(p, ready=True))
+        if not self._workers_answer(double, pod):
+            return
         buffer = double.logs.get((namespace, name))
         started = time.monotonic()
         if script.lines is not None and buffer is not None:
@@ -1372,6 +1376,35 @@ class ScriptedKubelet:
                 )
             if buffer is not None:
                 buffer.close()
+
+    def _workers_answer(self, double: KubeDouble, pod: Obj) -> bool:
+        """A master waits, as the launch script's ``wait_for_hosts`` does, until every worker of its
+        job is Ready (its sshd answers), for at most ``AIRFLOW_MPI_STARTUP_TIMEOUT``; past that it
+        prints the script's error and exits 1. False: it ended so, or was stopped."""
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        env = {item["name"]: item.get("value") for item in pod["spec"]["containers"][0].get("env") or []}
+        job = (pod["metadata"].get("labels") or {}).get(LABEL_JOB)
+        expected = int(env.get(ENV_WORKER_REPLICAS) or 0)
+        if env.get(ENV_ROLE) != "master" or not job or not expected:
+            return True
+        timeout = float(env.get(ENV_STARTUP_TIMEOUT) or 300)
+        deadline = time.monotonic() + timeout
+        selector = f"{LABEL_JOB}={job},{LABEL_ROLE}=worker"
+        while True:
+            ready = [w for w in double.list_objects("pods", namespace, selector) if _is_ready(w)]
+            if len(ready) >= expected:
+                return True
+            if not self._alive(namespace, name):
+                return False
+            if time.monotonic() >= deadline:
+                buffer = double.logs.get((namespace, name))
+                if buffer is not None:
+                    line = f"[airflow-mpi] ERROR: {expected - len(ready)} host(s) did not accept ssh within {timeout:.0f}s:"
+                    buffer.extend([(double.node_time_ns(), line)])
+                    buffer.close()
+                double.update_pod_status(namespace, name, lambda p: _set_terminated(p, 1, "Error"))
+                return False
+            time.sleep(0.02)
 
     def stop(self, double: KubeDouble, pod: Obj) -> None:
         with self._lock:
@@ -1432,6 +1465,11 @@ def _set_scheduled(pod: Obj, container: str, image: str) -> None:
 
 def _set_waiting(pod: Obj, reason: str, message: str) -> None:
     pod["status"]["containerStatuses"] = _container_status(pod, {"waiting": {"reason": reason, "message": message}})
+
+
+def _is_ready(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _set_running(pod: Obj, ready: bool, ip: str | None = None) -> None:

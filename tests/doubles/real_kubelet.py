@@ -20,7 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
-from airflow_mpi.backends.sandbox import Mount, Sandbox
+from airflow_mpi.backends.sandbox import Sandbox
+from airflow_mpi.backends.sandbox_pod import Mount
 from tests.doubles.kube_double import (
     KubeDouble,
     Obj,

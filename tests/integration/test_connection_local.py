@@ -24,6 +24,6 @@ def test_the_local_backend_passes_the_doctors_checks() -> None:
 def test_a_machine_without_orted_fails_naming_the_checks(shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", path_without(shared_dir, {"orted"}))
     ok, message = MPIJobHook("mpi_default").test_connection()
-    assert not ok and message.startswith("local backend not ready: orted: ")
-    assert "orted-over-ssh: " in message and "orted: command not found" in message
+    assert not ok and message.startswith("local backend not ready: mpi-daemon: ")
+    assert "mpi-daemon-over-ssh: " in message and "orted: command not found" in message
     assert ours() == []

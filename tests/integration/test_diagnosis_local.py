@@ -204,7 +204,7 @@ def test_orted_not_on_the_path_of_ssh_sessions(state_root: Path, shared_dir: Pat
     plan = make_plan(["hostname"], workers={"replicas": 1})
     error = provoke(backend, plan, "orted not on PATH over ssh", fault_row)
     assert first_line(error).startswith(
-        f"MPI job {plan.job_name} failed: orted (Open MPI's daemon) is not on the PATH of a worker's ssh session"
+        f"MPI job {plan.job_name} failed: the MPI's daemon is not found in a worker's ssh session"
     )
     assert "seen: bash: line 1: orted: command not found" in str(error)
 

@@ -24,7 +24,7 @@ from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.cli.main import main
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan
-from airflow_mpi.kinds.strategy import job_kind, kind_of
+from airflow_mpi.kinds.registry import job_kind, kind_of
 from airflow_mpi.observe.status import pod_state_from_k8s
 from airflow_mpi.runner.retries import plan_for
 from airflow_mpi.spec import MPIJobSpec

@@ -47,12 +47,17 @@ def cli(kubeconfig: str, capsys: pytest.CaptureFixture[str]) -> Callable[..., tu
 def leave_job(
     backend: KubernetesBackend, scripts: Scripts, task: str, master: PodScript | None = None, *, start: bool = True
 ) -> JobPlan:
-    """A job as a dead Airflow worker leaves it: created, its master (playing ``master``) started
-    or not, nobody watching."""
+    """A job as a dead Airflow worker leaves it: created, its master (playing ``master``) started,
+    or not there (``start`` False: the worker died while creating the pods), nobody watching."""
     plan = make_plan(workers=2, name=task, identity=RunIdentity("etl", task, "scheduled__2026-11-30", try_number=2))
     if master is not None:
         scripts.on(plan.master.name, master)
     backend.create(plan)
+    if not start:  # the master is created with the workers: take it away again
+        backend.objects.delete("default", "pods", plan.master.name)
+        deadline = time.monotonic() + 10
+        while backend.objects.get("default", "pods", plan.master.name) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
     if start:
         deadline = time.monotonic() + 10
         while not all(p.ok for p in backend.probe_workers(plan.job_name)) and time.monotonic() < deadline:

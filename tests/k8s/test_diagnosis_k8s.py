@@ -74,8 +74,10 @@ def test_orted_not_on_the_workers_path_fails_naming_the_cause(
     left = job_objects(double, plan.job_name)
     fault_row("orted not on PATH over ssh", "kubernetes", "waiting", "failed", seconds, message, left)
     assert message.splitlines()[0] == (
-        f"MPI job {plan.job_name} failed: orted (Open MPI's daemon) is not on the PATH of a worker's ssh session: "
-        "mpiexec starts it there with a non-interactive ssh command"
+        f"MPI job {plan.job_name} failed: the MPI's daemon is not found in a worker's ssh session: "
+        "mpiexec starts it there with a non-interactive ssh command (Open MPI 4: orted, 5: prted, by name on the "
+        "session's PATH; MPICH and Intel MPI: hydra_pmi_proxy, by the absolute path it has beside mpiexec on the "
+        "master)"
     )
     assert "docs/contract.md#orted-command-not-found" in message
     assert caught.value.causes == (Cause.ORTED_NOT_FOUND.value,)

@@ -56,11 +56,30 @@ def test_an_image_that_passes_every_check(
     assert doctor_pods(double) == []
 
 
+def test_the_jobs_mpi_and_launcher_reach_the_checks_in_the_pod(
+    double: KubeDouble, scripts: Scripts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scripts.on("airflow-mpi-doctor-", PodScript(lines=lambda: iter(check_lines()), exit_code=0))
+    assert run_doctor("--mpi", "intel", "--mpiexec", "/opt/intel/mpi/bin/mpiexec") == 0
+    [created] = [b for b in double.created if b.get("kind") == "Pod"]
+    env = {e["name"]: e["value"] for e in created["spec"]["containers"][0]["env"]}
+    assert (env["AIRFLOW_MPI_DOCTOR_MPI"], env["AIRFLOW_MPI_DOCTOR_MPIEXEC"]) == ("intel", "/opt/intel/mpi/bin/mpiexec")
+    with pytest.raises(SystemExit):  # refused before anything is created
+        run_doctor("--mpi", "mvapich")
+    with pytest.raises(SystemExit):
+        run_doctor("--mpiexec", "mpiexec; rm -rf /")
+    assert "is not a command name or an absolute path" in capsys.readouterr().err
+    assert len([b for b in double.created if b.get("kind") == "Pod"]) == 1 and doctor_pods(double) == []
+
+
 @pytest.mark.fault
 def test_an_image_without_orted_on_the_ssh_path_is_explained(
     double: KubeDouble, scripts: Scripts, capsys: pytest.CaptureFixture[str], fault_row: FaultRow
 ) -> None:
-    lines = check_lines(orted_over_ssh="bash: line 1: orted: command not found", open_mpi_4="mpiexec (Open MPI) 5.0.3")
+    lines = check_lines(
+        mpi_daemon_over_ssh="bash: line 1: orted: command not found",
+        mpi="/usr/bin/mpiexec is mpich 4.0.2 but the job's MPI is openmpi",
+    )
     scripts.on("airflow-mpi-doctor-", PodScript(lines=lambda: iter(lines), exit_code=1))
     started = time.monotonic()
     assert run_doctor() == 1
@@ -68,9 +87,9 @@ def test_an_image_without_orted_on_the_ssh_path_is_explained(
     out = capsys.readouterr().out
     cause = next(line.strip() for line in out.splitlines() if line.strip().startswith("cause:"))
     fault_row("orted not on PATH over ssh (doctor)", "kubernetes", "cli", "failed", seconds, cause, doctor_pods(double))
-    assert "  FAIL  orted-over-ssh: bash: line 1: orted: command not found" in out
-    assert "cause: orted (Open MPI's daemon) is not on the PATH of a worker's ssh session" in out
-    assert "fix: install Open MPI 4.x" in out
+    assert "  FAIL  mpi-daemon-over-ssh: bash: line 1: orted: command not found" in out
+    assert "cause: the MPI's daemon is not found in a worker's ssh session" in out
+    assert "fix: install the same MPI, at the same path" in out and "fix: install the job's MPI in the image" in out
     assert out.splitlines()[-1] == "2 check(s) failed"
     assert doctor_pods(double) == []
 

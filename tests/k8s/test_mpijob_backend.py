@@ -228,7 +228,7 @@ def test_an_mpijob_the_controller_refuses_fails_with_its_event(
 def test_no_controller_fails_after_the_grace_instead_of_waiting_forever(
     backend: KubernetesBackend, cluster: tuple[KubeDouble, MPIJobController], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import airflow_mpi.kinds.mpijob as module
+    import airflow_mpi.kinds.controller as module
 
     cluster[1].stop()
     monkeypatch.setattr(module, "CONTROLLER_GRACE", 1.0)

@@ -136,10 +136,14 @@ def test_crash_then_retry_reattaches_and_goes_on_where_the_log_stopped(
 def test_crash_before_the_master_then_retry_starts_clean(
     double: KubeDouble, scripts: Scripts, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """The first try dies while it creates the pods (the master with the workers): none is there,
+    so the retry removes what it left and starts a job of its own."""
     scripts.on("-worker-", PodScript(start_delay=0.3))
     scripts.on("-master-", PodScript(lines=slow_lines, exit_code=0))
     run_id, store = unique("early"), tmp_path / "store.json"
-    first_try_dies(double, run_id, store, until=lambda: double.request_count("POST", "/pods") >= 2)
+    double.fail_requests(method="POST", path=r"/namespaces/default/pods$", status=503, count=10_000)  # retried
+    first_try_dies(double, run_id, store, until=lambda: double.request_count("POST", "/pods") >= 1)
+    double.stop_failing()
     first = {o["metadata"]["name"] for o in double.list_objects("services", "default")}
     assert len(first) == 1
     result, shown = second_try(run_id, store, capfd)

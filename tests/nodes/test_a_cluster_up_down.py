@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.cluster.cluster import CHECKOUT_STATE, REPO
+from tests.cluster.cluster import CHECKOUT_STATE, REPO, STOP_TIMEOUT, UP_TIMEOUT
 from tests.cluster.kubeapi import KubeApi
 from tests.cluster.nodes import host_state
 from tests.nodes.conftest import node_images
@@ -32,7 +32,7 @@ def test_cluster_up_starts_real_nodes_and_down_leaves_the_host_as_it_was() -> No
     assert not before["processes"], f"real Nodes already running here: {before['processes']}"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     up = subprocess.run([sys.executable, "-m", "tests.cluster", "up"], cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=600)  # fmt: skip
+                        text=True, timeout=UP_TIMEOUT + STOP_TIMEOUT + 60)  # fmt: skip
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "3 real Nodes Ready" in up.stdout, up.stdout
@@ -42,7 +42,7 @@ def test_cluster_up_starts_real_nodes_and_down_leaves_the_host_as_it_was() -> No
         assert len(host_state()["processes"]) >= 3 + 3 + 2  # kubelets, containerds, kube-proxy, CoreDNS
     finally:
         down = subprocess.run([sys.executable, "-m", "tests.cluster", "down"], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+                              capture_output=True, text=True, timeout=STOP_TIMEOUT + 60)  # fmt: skip
     assert down.returncode == 0, down.stdout + down.stderr
     after = host_state()
     assert {key: after[key] for key in after if after[key] != before[key]} == {}

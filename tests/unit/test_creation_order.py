@@ -12,7 +12,7 @@ import pytest
 from airflow_mpi.backends.creation import JobCreation
 from airflow_mpi.exceptions import LaunchError
 from airflow_mpi.job.naming import RunIdentity
-from airflow_mpi.kinds.strategy import job_kind
+from airflow_mpi.kinds.registry import job_kind
 from airflow_mpi.spec import MPIJobSpec
 
 Obj = dict[str, Any]

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_mpi.job.naming import LABEL_ROLE
 from airflow_mpi.kinds.gang import describe_group_wait
-from airflow_mpi.kinds.strategy import job_kind
+from airflow_mpi.kinds.registry import job_kind
 from airflow_mpi.kinds.volcano import describe_volcano_wait, without_policy_kills
 from airflow_mpi.observe.status import PodPhase, PodState, evaluate_job
 from airflow_mpi.spec import Role

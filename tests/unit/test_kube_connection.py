@@ -117,7 +117,7 @@ def test_an_untrusted_certificate_is_a_refusal_not_a_retry() -> None:
 def test_both_waits_delete_a_job_in_one_order_with_one_propagation() -> None:
     from airflow_mpi.backends.removal import SERVICES, job_deletions
     from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
-    from airflow_mpi.kinds.strategy import job_kind
+    from airflow_mpi.kinds.registry import job_kind
     from airflow_mpi.kinds.trainjob import TRAINING_RUNTIME, TRAINJOB
 
     workload = KUEUE_WORKLOAD[:3]

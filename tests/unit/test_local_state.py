@@ -28,11 +28,13 @@ import pytest
 from airflow_mpi.backends.local import LocalBackend, check_prerequisites
 from airflow_mpi.backends.local_checks import build_owner, collision_problem
 from airflow_mpi.backends.processes import is_pod_process, start_ticks
-from airflow_mpi.backends.sandbox import POD_INIT, Sandbox, SandboxPod
+from airflow_mpi.backends.sandbox import Sandbox, SandboxPod
+from airflow_mpi.backends.sandbox_pod import POD_INIT
 from airflow_mpi.backends.sandbox_state import (
     NETNS_PREFIX,
     RECORD,
     bridge_name,
+    bridge_netns_name,
     prepare_state_dir,
     record_problem,
     state_dir_problem,
@@ -57,6 +59,7 @@ def build_record(name: str, *, alive: bool, pods: dict[str, tuple[int | None, in
         dir=Path("/nonexistent"),
         subnet="10.244.77.0/24",
         bridge=bridge_name(name),
+        bridge_netns=bridge_netns_name(name),
         owner_pid=me,
         owner_start=start if alive else start + 1,
     )
@@ -124,6 +127,8 @@ def test_a_record_written_by_the_rules_passes() -> None:
         ({"pod_ip": "192.0.2.7"}, "ip"),
         ({"pod_pid": "1; rm -rf /"}, "pid"),
         ({"bridge": "eth0"}, "bridge"),
+        ({"bridge_netns": "ampl-job-2-worker-0"}, "bridge_netns"),
+        ({"bridge_netns": "../../run/netns/x"}, "bridge_netns"),
         ({"name": "../etc"}, "name"),
         ({"subnet": "192.0.2.0/24"}, "subnet"),
         ({"subnet": "10.244.0.0/16"}, "subnet"),

@@ -159,3 +159,31 @@ def test_rank_placement_by_slot_node_and_npernode() -> None:
     assert build_rank_pods(spec, build_topology(spec, job)) == [m, w0, w1, m, w0, w1]
     spec = spec_from(master={"cpu": 2}, workers={"replicas": 2, "cpu": 2}, mpi={"npernode": 1, "np": 3})
     assert build_rank_pods(spec, build_topology(spec, job)) == [m, w0, w1]
+
+
+def test_open_mpi_5_names_the_failed_process_in_prrtes_form() -> None:
+    tracker = OutputTracker()
+    tracker.feed(
+        [
+            "[1,1]<stdout>:about to fail",
+            "prterun detected that one or more processes exited with non-zero status,",
+            "thus causing the job to be terminated. The first process to do so was:",
+            "",
+            "   Process name: [prterun-job-master-0-412@1,1]",
+            "   Exit code:    3",
+        ]
+    )
+    assert (tracker.failed_rank, tracker.failed_exit_code) == (1, 3)
+
+
+def test_the_hydra_rank_wrappers_exit_line_names_its_rank_code_and_host() -> None:
+    tracker = OutputTracker(np=3)
+    tracker.feed(
+        [
+            "[1,2]<stdout>:AIRFLOW_MPI_RANK_EXIT rank=1 code=3 host=job-worker-0",  # rank 2's text: not its own
+            "[1,1]<stderr>:AIRFLOW_MPI_RANK_EXIT rank=1 code=137 host=job-worker-0",
+            "[mpiexec@job-master-0] control_cb (pm/pmiserv/pmiserv_cb.c:206): assert (!closed) failed",
+        ]
+    )
+    assert (tracker.failed_rank, tracker.failed_signal, tracker.failed_node) == (1, 9, "job-worker-0")
+    assert tracker.failed_exit_code is None

@@ -17,21 +17,20 @@ from airflow_mpi.job.mpirun import build_mpiexec_argv
 from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB, build_job_name
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.job.ssh import KeyPair, SshMaterial
+from airflow_mpi.kinds.controller import without_cleanup_kills
 from airflow_mpi.kinds.gang import KUEUE_QUEUE_LABEL
 from airflow_mpi.kinds.mpijob import (
     CONTROLLER_HOSTFILE,
     OPERATOR_SSH_MOUNT,
     check_mpijob_plan,
-    describe_mpijob_failure,
     describe_mpijob_wait,
-    describe_validation_event,
     launcher_name,
     mpijob_config_map_name,
     mpijob_secret_name,
     render_mpijob_manifests,
     render_mpijob_plan,
-    without_cleanup_kills,
 )
+from airflow_mpi.kinds.registry import job_kind
 from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.scripts import launch_script_text
 from airflow_mpi.spec import Role
@@ -204,10 +203,13 @@ def test_status_reading_queued_failed_and_refused() -> None:
     assert describe_mpijob_wait(mpijob(("Created", "True", "MPIJobCreated")), True) is None
     failed = mpijob(("Created", "True", "MPIJobCreated"), ("Failed", "True", "DeadlineExceeded"))
     assert describe_mpijob_wait(failed, False) is None
-    assert describe_mpijob_failure(failed) == "MPIJob failed: DeadlineExceeded: DeadlineExceeded happened"
-    assert describe_mpijob_failure(mpijob(("Failed", "False", "x"))) is None
+    kind = job_kind("mpijob")
+    assert kind.master_gone_failure(failed) == "MPIJob failed: DeadlineExceeded: DeadlineExceeded happened"
+    assert kind.master_gone_failure(mpijob(("Failed", "False", "x"))) is None
     events = [{"reason": "Created"}, {"reason": "ValidationError", "message": "spec.mpiReplicaSpecs[Launcher]: ..."}]
-    assert describe_validation_event(events) == "spec.mpiReplicaSpecs[Launcher]: ..."
+    assert kind.refusal("j", events, 1.0) == (
+        "mpi-operator refused MPIJob j (ValidationError): spec.mpiReplicaSpecs[Launcher]: ..."
+    )
 
 
 def test_workers_removed_by_the_cleanup_policy_do_not_hide_the_launchers_end() -> None:
@@ -290,15 +292,7 @@ def test_the_launch_script_reads_the_controllers_hostfile(tmp_path: Path) -> Non
     the script's dry run execs exactly the rendered command line, with -np from the hostfile."""
     plan, (mpijob, _, config_map) = _render(**EXAMPLE_SPEC)
     job = plan.job_name
-    config = tmp_path / "config"
-    config.mkdir()
-    for name, text in config_map["data"].items():
-        (config / name).write_text(text)
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{job}-worker-{i}.{job}.ml.svc slots=2\n" for i in range(2)))
-    script = tmp_path / "launch.sh"
-    script.write_text(launch_script_text())
-    env = {k: v for k, v in _env(_container(mpijob, "Launcher")).items() if isinstance(v, str)}
+    config, hostfile, script, env = _launcher_files(tmp_path, mpijob, config_map, "{} slots=2")
     env.update(
         {
             "PATH": "/usr/bin:/bin",
@@ -319,6 +313,24 @@ def test_the_launch_script_reads_the_controllers_hostfile(tmp_path: Path) -> Non
     argv[argv.index("bash") + 1] = plan.paths.launch_script  # the script's own path in this test
     expected[expected.index("bash") + 1] = plan.paths.launch_script
     assert argv == expected
+
+
+def _launcher_files(
+    tmp_path: Path, mpijob: dict[str, Any], config_map: dict[str, Any], line: str
+) -> tuple[Path, Path, Path, dict[str, str]]:
+    """The launcher's config directory, mpi-operator's hostfile of both workers (each ``line``
+    with ``{}`` the worker's name), the launch script, and the launcher's env."""
+    job = mpijob["metadata"]["name"]
+    config = tmp_path / "config"
+    config.mkdir()
+    for name, text in config_map["data"].items():
+        (config / name).write_text(text)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(line.format(f"{job}-worker-{i}.{job}.ml.svc") + "\n" for i in range(2)))
+    script = tmp_path / "launch.sh"
+    script.write_text(launch_script_text())
+    env = {k: v for k, v in _env(_container(mpijob, "Launcher")).items() if isinstance(v, str)}
+    return config, hostfile, script, env
 
 
 def _compute_hosts(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -382,3 +394,22 @@ def test_an_own_name_that_never_resolves_fails_naming_it_within_the_startup_time
     assert done.returncode == 1
     assert "waited" not in done.stdout
     assert "job-launcher.job.ml.svc did not resolve within 1s" in done.stderr
+
+
+def test_an_mpich_mpijob_names_its_mpi_and_the_script_reads_the_hydra_hostfile(tmp_path: Path) -> None:
+    """``mpiImplementation: MPICH``: mpi-operator writes ``host:N`` lines; the script reads the
+    same hosts (for Hydra's machine file), with -np from the hostfile."""
+    fields = {**EXAMPLE_SPEC, "mpi": {"implementation": "mpich"}}
+    plan, (mpijob, _, config_map) = _render(**fields)
+    assert mpijob["spec"]["mpiImplementation"] == "MPICH"
+    job = plan.job_name
+    config, hostfile, script, env = _launcher_files(tmp_path, mpijob, config_map, "{}:2")
+    env.update({"PATH": "/usr/bin:/bin", contract.ENV_CONFIG_DIR: str(config), contract.ENV_HOSTFILE: str(hostfile),
+                contract.ENV_DRY_RUN: "1"})  # fmt: skip
+    done = dry_run(script, env)
+    assert done.returncode == 0, done.stderr
+    hosts = f"{job}-worker-0.{job}.ml.svc:2,{job}-worker-1.{job}.ml.svc:2"
+    assert done.stdout.splitlines()[1:3] == [f"MPI_HOSTS={hosts}", "MPI_NP=4"]
+    argv = exact_argv(done.stdout.splitlines()[-1])
+    assert argv[argv.index("-machinefile") + 2 : argv.index("-machinefile") + 4] == ["-np", "4"]
+    assert argv[0] == "env" and "--allow-run-as-root" not in argv

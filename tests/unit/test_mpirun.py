@@ -119,6 +119,71 @@ def test_user_env_is_exported_to_ranks() -> None:
 
 def test_args_file_is_a_quoted_bash_array() -> None:
     spec = spec_from(command=["python", "-c", "print('a b')\nprint(\"$HOME\")"])
-    text = render_args_file(build_mpiexec_tail(spec, build_topology(spec, J)))
-    assert text.startswith("MPI_ARGS_RENDERED=(\n") and text.endswith(")\n")
+    text = render_args_file(spec, build_mpiexec_tail(spec, build_topology(spec, J)))
+    assert text.startswith("MPI_IMPLEMENTATION=openmpi\nMPI_LAUNCHER=mpiexec\nMPI_LAUNCH_ENV=(\n)\n")
+    assert "\nMPI_ARGS_RENDERED=(\n" in text and text.endswith(")\n")
     assert "'\"'\"'" in text  # single quotes inside single-quoted words
+
+
+def test_hydra_argv_golden() -> None:
+    """MPICH and Intel MPI: the same job in Hydra's spelling, its ssh launch and time limit in
+    the launcher's environment, only the exported names passed to ranks."""
+    argv = argv_for(
+        workers={"replicas": 2},
+        hosts_mode="hostfile",
+        env={"JOB_VAR": "x"},
+        mpi={"implementation": "mpich", "mpiexec": "/usr/bin/mpiexec.mpich", "npernode": 1, "bind_to": "core"},
+    )
+    assert argv == [
+        "env", "HYDRA_LAUNCHER=ssh", "HYDRA_LAUNCHER_EXTRA_ARGS=-F /run/airflow-mpi/ssh/ssh_config",
+        "MPIEXEC_TIMEOUT=86400",
+        "/usr/bin/mpiexec.mpich",
+        "-machinefile", "/run/airflow-mpi/hosts", "-localhost", f"{J}-master-0.{J}",
+        "-np", "3",
+        "-bind-to", "core", "-ppn", "1",
+        "-genvlist", "PATH,LD_LIBRARY_PATH,JOB_VAR",
+        "-genv", "MASTER_ADDR", f"{J}-master-0.{J}", "-genv", "MASTER_PORT", "29500",
+        "-genv", "AIRFLOW_MPI_RANK_PODS", f"{J}-master-0,{J}-worker-0,{J}-worker-1",
+        "-genv", "AIRFLOW_MPI_ABORT_ON_EXIT", "1", "-genv", "AIRFLOW_MPI_TAG_OUTPUT", "1",
+        "bash", "/etc/mpi/launch.sh", "rank", "python", "/app/train.py",
+    ]  # fmt: skip
+    assert argv_for(mpi={"implementation": "intel"})[4:6] == ["mpiexec", "-machinefile"]  # the same spelling
+
+
+def test_hydra_args_file_names_its_launcher_and_environment() -> None:
+    spec = spec_from(mpi={"implementation": "intel", "mpiexec": "/opt/intel/bin/mpiexec"})
+    text = render_args_file(spec, build_mpiexec_tail(spec, build_topology(spec, J)))
+    assert text.startswith("MPI_IMPLEMENTATION=intel\nMPI_LAUNCHER=/opt/intel/bin/mpiexec\nMPI_LAUNCH_ENV=(\n")
+    assert "  'I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS=-F /run/airflow-mpi/ssh/ssh_config'\n" in text
+    assert "  I_MPI_JOB_TIMEOUT=86400\n" in text
+
+
+def test_open_mpi_5_argv_golden() -> None:
+    """PRRTE's names for the same job: plm_ssh_*, prte_keep_fqdn_hostnames, --npernode as a
+    mapping, and the rank wrapper's tags instead of --output tag's (which add a space)."""
+    spec = spec_from(workers={"replicas": 1}, mpi={"npernode": 1, "oversubscribe": True, "quiet": True})
+    assert build_mpiexec_argv(spec, build_topology(spec, J), open_mpi=5) == [
+        "mpiexec", "--allow-run-as-root", "--host", f"{J}-master-0.{J}:1,{J}-worker-0.{J}:1", "-np", "2",
+        "--map-by", "ppr:1:node:OVERSUBSCRIBE", "--bind-to", "none",
+        "--mca", "prte_keep_fqdn_hostnames", "1",
+        "--mca", "plm_ssh_args", "-F /run/airflow-mpi/ssh/ssh_config",
+        "--mca", "plm_ssh_no_tree_spawn", "1",
+        "--timeout", "86400", "--report-state-on-timeout",
+        "-x", "PATH", "-x", "LD_LIBRARY_PATH",
+        "-x", f"MASTER_ADDR={J}-master-0.{J}", "-x", "MASTER_PORT=29500",
+        "-x", f"AIRFLOW_MPI_RANK_PODS={J}-master-0,{J}-worker-0",
+        "-x", "AIRFLOW_MPI_TAG_OUTPUT=1",
+        "bash", "/etc/mpi/launch.sh", "rank", "python", "/app/train.py",
+    ]  # fmt: skip
+
+
+def test_an_open_mpi_args_file_carries_both_tails() -> None:
+    from airflow_mpi.job.plan import render_plan
+
+    plan = render_plan(spec_from(), IDENTITY)
+    text = plan.config_files["mpiexec.args"]
+    assert "\nMPI_ARGS_RENDERED=(\n" in text and "\nMPI_ARGS_RENDERED_OPEN_MPI_5=(\n" in text
+    assert "plm_rsh_args" in text.split("MPI_ARGS_RENDERED_OPEN_MPI_5")[0]
+    assert "plm_ssh_args" in text.split("MPI_ARGS_RENDERED_OPEN_MPI_5")[1]
+    hydra = render_plan(spec_from(mpi={"implementation": "mpich"}), IDENTITY).config_files["mpiexec.args"]
+    assert "OPEN_MPI_5" not in hydra

@@ -28,7 +28,7 @@ def test_the_documented_roles_are_what_each_component_checks_for() -> None:
 
 
 def test_the_triggerer_creates_nothing_reads_no_secret_and_updates_only_leases() -> None:
-    from airflow_mpi.kinds.strategy import registered_kinds
+    from airflow_mpi.kinds.registry import registered_kinds
 
     for kind in registered_kinds().values():
         for deleted in ([], kind.custom_objects_to_delete(plan_for(kind.name, "kueue"))):
@@ -42,14 +42,13 @@ def test_the_triggerer_creates_nothing_reads_no_secret_and_updates_only_leases()
 
 
 def test_what_the_guide_says_each_backend_and_gang_adds_is_what_is_checked() -> None:
-    from airflow_mpi.kinds.registry import BACKEND_OF_KIND
-    from airflow_mpi.kinds.strategy import registered_kinds
+    from airflow_mpi.kinds.registry import BACKEND_OF_KIND, registered_kinds
 
-    worker = {f"backend: {BACKEND_OF_KIND[k.name]}": k.rules for k in registered_kinds().values() if k.rules}
+    worker = {f"backend: {BACKEND_OF_KIND[k.name]}": k._rules for k in registered_kinds().values() if k._rules}
     worker.update({f"gang: {gang}": rules for gang, rules in GANG_RULES.items()})
     worker["progress_timeout"] = WATCHDOG_RULES
     trigger = {
-        f"backend: {BACKEND_OF_KIND[k.name]}": k.trigger_rules for k in registered_kinds().values() if k.trigger_rules
+        f"backend: {BACKEND_OF_KIND[k.name]}": k._trigger_rules for k in registered_kinds().values() if k._trigger_rules
     }
     trigger.update({f"gang: {gang}": rules for gang, rules in TRIGGER_GANG_RULES.items()})
     for component, expected in (("worker", worker), ("triggerer", trigger)):
@@ -61,7 +60,7 @@ def test_what_the_guide_says_each_backend_and_gang_adds_is_what_is_checked() -> 
 
 def plan_for(kind: str, gang: str | None) -> Any:
     from airflow_mpi.job.naming import RunIdentity
-    from airflow_mpi.kinds.strategy import job_kind
+    from airflow_mpi.kinds.registry import job_kind
     from airflow_mpi.spec import MPIJobSpec
 
     data: dict[str, Any] = {"name": "p", "command": ["true"]}
@@ -75,8 +74,7 @@ def plan_for(kind: str, gang: str | None) -> Any:
 def test_the_trigger_checks_its_role_and_what_the_guide_adds_for_its_kind_and_gang(kind: str, gang: str | None) -> None:
     """What the trigger checks (its kind's reads and what a kill deletes) is within what the guide
     tells users to bind to the triggerer, and covers every verb the guide adds for the kind."""
-    from airflow_mpi.kinds.registry import BACKEND_OF_KIND
-    from airflow_mpi.kinds.strategy import job_kind
+    from airflow_mpi.kinds.registry import BACKEND_OF_KIND, job_kind
 
     job = job_kind(kind)
     checked = set(job.trigger_permissions(job.custom_objects_to_delete(plan_for(kind, gang))))
@@ -90,7 +88,7 @@ def test_the_trigger_checks_its_role_and_what_the_guide_adds_for_its_kind_and_ga
 
 
 def test_each_kind_checks_the_role_and_what_it_and_its_gang_add() -> None:
-    from airflow_mpi.kinds.strategy import job_kind
+    from airflow_mpi.kinds.registry import job_kind
     from airflow_mpi.spec import MPIJobSpec
 
     base = set(build_permissions(WORKER_RULES))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_mpi.job.naming import RunIdentity
-from airflow_mpi.kinds.strategy import job_kind
+from airflow_mpi.kinds.registry import job_kind
 from airflow_mpi.spec import MPIJobSpec
 
 Obj = dict[str, Any]

@@ -3,7 +3,7 @@ same address as IPv4-mapped IPv6, which is how dual-stack sockets (torch's TCPSt
 
 from __future__ import annotations
 
-from airflow_mpi.backends.sandbox import render_hosts
+from airflow_mpi.backends.sandbox_pod import render_hosts
 
 
 def test_every_pod_is_named_under_its_address_and_its_mapped_form() -> None:

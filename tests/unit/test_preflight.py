@@ -11,6 +11,8 @@ import pytest
 from airflow_mpi.contract import ENV_RUNTIME_DIR
 from airflow_mpi.doctor.checks import (
     CHECKS,
+    ENV_DOCTOR_MPI,
+    ENV_DOCTOR_MPIEXEC,
     ENV_DOCTOR_SSH_CONFIG,
     ENV_DOCTOR_SSHD_CONFIG,
     CheckResult,
@@ -34,7 +36,7 @@ def test_launch_sh_runs_exactly_the_checks_in_order() -> None:
     first_seen = list(dict.fromkeys(names))
     assert first_seen == [check.name for check in CHECKS]
     looped = re.search(r"for i in ([a-z0-9 -]+); do\n\s+doctor_line \"\$i\" skip", SCRIPT)
-    assert looped and looped.group(1).split() == ["sshd-config", "ssh-login", "orted-over-ssh"]
+    assert looped and looped.group(1).split() == ["sshd-config", "ssh-login", "mpi-daemon-over-ssh"]
 
 
 def output(**failures: str) -> list[str]:
@@ -46,10 +48,10 @@ def output(**failures: str) -> list[str]:
 
 
 def test_parse_reads_one_result_per_check() -> None:
-    results = parse_doctor_output(output(orted_over_ssh="bash: line 1: orted: command not found"))
+    results = parse_doctor_output(output(mpi_daemon_over_ssh="bash: line 1: orted: command not found"))
     assert [r.check for r in results] == [c.name for c in CHECKS]
     failed = [r for r in results if r.failed]
-    assert failed == [CheckResult("orted-over-ssh", Status.FAIL, "bash: line 1: orted: command not found")]
+    assert failed == [CheckResult("mpi-daemon-over-ssh", Status.FAIL, "bash: line 1: orted: command not found")]
 
 
 def test_a_check_that_printed_nothing_failed() -> None:
@@ -62,8 +64,10 @@ def test_a_check_that_printed_nothing_failed() -> None:
     ("check", "detail", "cause"),
     [
         ("mpiexec", "mpiexec: not found on PATH=/usr/bin", Cause.NO_MPIEXEC),
-        ("orted", "orted: not found on PATH=/usr/bin", Cause.ORTED_NOT_FOUND),
-        ("orted-over-ssh", "bash: line 1: orted: command not found", Cause.ORTED_NOT_FOUND),
+        ("mpi-daemon", "orted: not found on PATH=/usr/bin", Cause.ORTED_NOT_FOUND),
+        ("mpi-daemon-over-ssh", "bash: line 1: orted: command not found", Cause.ORTED_NOT_FOUND),
+        ("mpi-daemon-over-ssh", "prted: command not found (PATH=/usr/bin:/bin)", Cause.ORTED_NOT_FOUND),
+        ("mpi-daemon", "/opt/mpich/bin/hydra_pmi_proxy: No such file or directory", Cause.ORTED_NOT_FOUND),
         ("sshd", "/usr/sbin/sshd: No such file or directory", Cause.NO_SSHD),
         ("run-sshd", "Missing privilege separation directory: /run/sshd cannot be created: ro", Cause.SSHD_PRIVSEP_DIR),
         ("mpiexec-as-root", "mpiexec has detected an attempt to run as root.", Cause.MPIRUN_AS_ROOT),
@@ -89,25 +93,31 @@ def test_every_check_has_a_cause_or_its_own_fix() -> None:
 
 def test_report_lines_give_cause_and_fix_under_each_failure() -> None:
     results = parse_doctor_output(
-        output(orted_over_ssh="bash: line 1: orted: command not found", open_mpi_4="mpiexec (Open MPI) 5.0.3")
+        output(
+            mpi_daemon_over_ssh="bash: line 1: orted: command not found",
+            mpi="/usr/bin/mpiexec is mpich 4.0.2 but the job's MPI is openmpi",
+        )
     )
     lines = render_doctor_report(results, "checks on image x:")
     assert lines[0] == "checks on image x:" and lines[-1] == "2 check(s) failed"
-    at = lines.index("  FAIL  orted-over-ssh: bash: line 1: orted: command not found")
-    assert lines[at + 1].startswith("        cause: orted (Open MPI's daemon) is not on the PATH")
+    at = lines.index("  FAIL  mpi-daemon-over-ssh: bash: line 1: orted: command not found")
+    assert lines[at + 1].startswith("        cause: the MPI's daemon is not found in a worker's ssh session")
     assert (
-        lines[at + 2].startswith("        fix: install the same Open MPI")
+        lines[at + 2].startswith("        fix: install the same MPI, at the same path")
         and "#orted-command-not-found" in lines[at + 2]
     )
-    at = lines.index("  FAIL  open-mpi-4: mpiexec (Open MPI) 5.0.3")
-    assert lines[at + 1] == "        needed: mpiexec is Open MPI 4.x"
-    assert lines[at + 2].startswith("        fix: install Open MPI 4.x")
+    at = lines.index("  FAIL  mpi: /usr/bin/mpiexec is mpich 4.0.2 but the job's MPI is openmpi")
+    assert lines[at + 1].startswith("        needed: the launcher is the job's MPI")
+    assert lines[at + 2].startswith("        fix: install the job's MPI in the image") and "--mpi" in lines[at + 2]
     assert render_doctor_report(parse_doctor_output(output()), "t")[-1] == "every check passed"
 
 
 def test_doctor_env_renders_the_job_configs_for_the_scratch_directory() -> None:
     env = build_doctor_env("/run/airflow-mpi-doctor-x", 2345)
     assert env[ENV_RUNTIME_DIR] == "/run/airflow-mpi-doctor-x"
+    assert (env[ENV_DOCTOR_MPI], env[ENV_DOCTOR_MPIEXEC]) == ("openmpi", "mpiexec")  # the spec's defaults
+    hydra = build_doctor_env("/run/x", 2345, "mpich", "/opt/mpich/bin/mpiexec")
+    assert (hydra[ENV_DOCTOR_MPI], hydra[ENV_DOCTOR_MPIEXEC]) == ("mpich", "/opt/mpich/bin/mpiexec")
     assert "Port 2345\n" in env[ENV_DOCTOR_SSHD_CONFIG]
     assert "AuthorizedKeysFile /run/airflow-mpi-doctor-x/ssh/authorized_keys\n" in env[ENV_DOCTOR_SSHD_CONFIG]
     assert "StrictModes yes\n" in env[ENV_DOCTOR_SSHD_CONFIG]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_mpi.observe.readiness import HostProbe, HostProblem, classify_ssh_result, summarize_not_ready
+from airflow_mpi.observe.readiness import HostProbe, HostProblem, classify_ssh_result, ready_since, summarize_not_ready
 
 
 def test_success() -> None:
@@ -22,3 +22,17 @@ def test_summary_has_a_line_per_failing_host() -> None:
     assert "mpirun prints nothing or hangs" in lines[1]
     assert lines[2].startswith("  w-2.job: key refused") and "Permission denied (publickey)" in lines[2]
     assert "authorized_keys" in lines[2] and "0600" in lines[2]  # the fix, not a document to look up
+
+
+def test_ready_since_is_the_last_pods_ready_moment_or_none_while_one_does_not_say() -> None:
+    def pod(*conditions: dict[str, str]) -> dict[str, object]:
+        return {"status": {"conditions": list(conditions)}}
+
+    scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    first = pod(scheduled, {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z"})
+    last = pod({"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:03+00:00"})
+    assert ready_since([first, last]) == ready_since([last, first]) == 1767225603.0
+    assert ready_since([first, pod({"type": "Ready", "status": "False", "lastTransitionTime": "x"})]) is None
+    assert ready_since([first, pod({"type": "Ready", "status": "True", "lastTransitionTime": "soon"})]) is None
+    assert ready_since([first, {"status": None}, {}]) is None
+    assert ready_since([]) is None

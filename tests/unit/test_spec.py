@@ -188,6 +188,23 @@ BAD_SPECS: list[tuple[dict[str, Any], str, str]] = [
     ({"pod": {"labels": {"team": "ml\n"}}}, "pod.labels.team", "label value"),
     ({"env": {"A\n": "x"}}, "env.A\n", "environment variable name"),
     ({"master": {"memory": "\uff11Gi"}}, "master.memory", "8Gi"),  # a fullwidth digit
+    ({"mpi": {"implementation": "mvapich"}}, "mpi.implementation", "'openmpi', 'mpich', 'intel'"),
+    ({"mpi": {"mpiexec": "mpiexec; rm -rf /"}}, "mpi.mpiexec", "/usr/bin/mpiexec.mpich"),
+    ({"mpi": {"mpiexec": "bin/mpiexec"}}, "mpi.mpiexec", "absolute path"),
+    ({"mpi": {"implementation": "mpich", "mca": {"btl": "tcp"}}}, "mpi.mca", "Hydra has no MCA"),
+    ({"mpi": {"implementation": "mpich", "btl_tcp_if_include": "eth0"}}, "mpi.btl_tcp_if_include", "-iface"),
+    ({"mpi": {"implementation": "intel", "oversubscribe": True}}, "mpi.oversubscribe", "is Open MPI's"),
+    ({"mpi": {"implementation": "mpich", "extra_args": ["-launcher", "rsh"]}}, "mpi.extra_args[0]", "remove it"),
+    ({"mpi": {"implementation": "mpich", "extra_args": ["-genvall"]}}, "mpi.extra_args[0]", "mpi.export_env"),
+    ({"mpi": {"implementation": "mpich", "extra_args": ["--mca", "x", "1"]}}, "mpi.extra_args[0]", "Open MPI's"),
+    (
+        {"mpi": {"implementation": "mpich", "extra_args": ["-genv", "GJ_TRAINING_ROLE", "x"]}},
+        "mpi.extra_args[1]",
+        "owned by the platform",
+    ),
+    ({"mpi": {"implementation": "mpich", "extra_args": ["-iface", "eth0;id"]}}, "mpi.extra_args[1]", "command"),
+    ({"env": {"HYDRA_LAUNCHER_EXEC": "/bin/x"}}, "env.HYDRA_LAUNCHER_EXEC", "the launcher's"),
+    ({"env": {"MPIEXEC_TIMEOUT": "5"}}, "env.MPIEXEC_TIMEOUT", "timeout"),
 ]
 
 
@@ -251,3 +268,11 @@ def test_the_longest_timeouts_fit_the_pods_deadline() -> None:
     from airflow_mpi.spec.validation import MAX_TIMEOUT
 
     assert 2 * MAX_TIMEOUT + DEADLINE_GRACE_SECONDS < 2**31
+
+
+def test_hydra_takes_the_options_it_shares_and_its_own_flags() -> None:
+    spec = spec_from(
+        mpi={"implementation": "mpich", "npernode": 2, "bind_to": "core", "map_by": "node", "verbose": True,
+             "wdir": "/data", "extra_args": ["-iface", "eth0", "-genv", "NCCL_DEBUG", "INFO"]},
+    )  # fmt: skip
+    assert spec.mpi.implementation == "mpich"

@@ -87,5 +87,5 @@ def test_platform_env_golden() -> None:
         "MPI_HOST": f"{W(0)},{W(1)}",
         "AIRFLOW_MPI_HOSTS_MODE": "host",
         "AIRFLOW_MPI_SSH_PORT": "22",
-        "AIRFLOW_MPI_STARTUP_TIMEOUT": "300",
+        "AIRFLOW_MPI_STARTUP_TIMEOUT": "310",  # startup_timeout + STARTUP_GRACE_SECONDS
     }

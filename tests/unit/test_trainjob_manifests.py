@@ -16,13 +16,11 @@ from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB, LABEL_ROLE, build_job
 from airflow_mpi.job.plan import JobPlan
 from airflow_mpi.kinds.gang import KUEUE_QUEUE_LABEL
 from airflow_mpi.kinds.manifests import config_map_name, secret_name
-from airflow_mpi.kinds.strategy import job_kind, kind_of
+from airflow_mpi.kinds.registry import job_kind, kind_of
 from airflow_mpi.kinds.trainjob import (
     LABEL_JOBSET,
     VOLCANO_QUEUE_ANNOTATION,
     check_trainjob_plan,
-    describe_creation_failure,
-    describe_trainjob_failure,
     describe_trainjob_wait,
     master_host_name,
     render_trainjob_manifests,
@@ -169,17 +167,19 @@ def test_status_reading_queued_failed_and_refused() -> None:
     assert "not yet run as a JobSet" in (describe_trainjob_wait(_trainjob()) or "")
     assert "have not created pods" in (describe_trainjob_wait(_trainjob(jobs=True)) or "")
     assert describe_trainjob_wait(_trainjob(("Complete", "JobSetCompleted"))) is None
-    assert describe_trainjob_failure(_trainjob(("Failed", "FailedJobs"))) == (
+    kind = job_kind("trainjob")
+    assert kind.master_gone_failure(_trainjob(("Failed", "FailedJobs"))) == (
         "TrainJob failed: FailedJobs: FailedJobs happened"
     )
-    assert describe_trainjob_failure(_trainjob()) is None
+    assert kind.master_gone_failure(_trainjob()) is None
     event = {"reason": "TrainJobResourcesCreationFailed", "message": "jobsets.jobset.x-k8s.io is forbidden"}
-    assert describe_creation_failure([{"reason": "Other"}, event]) == "jobsets.jobset.x-k8s.io is forbidden"
-    kind = job_kind("trainjob")
-    assert "forbidden" in (kind.refusal("j", [event], 1.0) or "")
+    assert kind.refusal("j", [{"reason": "Other"}, event], 1.0) == (
+        "Trainer could not run TrainJob j (TrainJobResourcesCreationFailed): jobsets.jobset.x-k8s.io is forbidden"
+    )
     assert kind.refusal("j", [], 1.0) is None
     assert "Trainer" in (kind.refusal("j", [], 61.0) or "")
-    assert kind.reads_events_to_queue(_trainjob()) and not kind.reads_events_to_queue(_trainjob(jobs=True))
+    assert kind.events_selector("j", _trainjob()) == "involvedObject.name=j,involvedObject.kind=TrainJob"
+    assert kind.events_selector("j", _trainjob(jobs=True)) is None
     failed = kind.admission("j", False, None, [], _trainjob(("Failed", "DeadlineExceeded")), lambda: None)
     assert failed.never_starts == "TrainJob j: TrainJob failed: DeadlineExceeded: DeadlineExceeded happened"
 
@@ -189,10 +189,10 @@ def test_the_workers_jobset_deletes_once_the_master_ended_do_not_decide_the_job(
     master = PodState("j-master-0-0", Role.MASTER, PodPhase.FAILED, exit_code=3)
     killed = PodState("j-worker-0-0", Role.WORKER, PodPhase.FAILED, exit_code=137)
     gone = PodState("j-worker-0-1", Role.WORKER, PodPhase.FAILED, reason="Deleted")
-    assert kind.observe([master, killed, gone], {"j-worker-0-0"}) == [master]
+    assert kind.deciding_states(master.name, [master, killed, gone], {"j-worker-0-0"}, None) == [master]
     evicted = PodState("j-worker-0-1", Role.WORKER, PodPhase.FAILED, reason="Evicted")
     running = PodState("j-master-0-0", Role.MASTER, PodPhase.RUNNING)
-    assert kind.observe([running, evicted], set()) == [running, evicted]
+    assert kind.deciding_states(running.name, [running, evicted], set(), None) == [running, evicted]
 
 
 def test_a_jobsets_pods_and_the_trainjobs_objects_are_told_apart_from_an_mpijobs() -> None:

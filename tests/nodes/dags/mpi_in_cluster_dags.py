@@ -1,7 +1,8 @@
 """The in-cluster tests' own DAGs (tests/nodes/test_airflow_in_cluster.py), beside the example
 DAGs in the deployment's DAGs folder: a job that prints numbered lines from every rank for as
 long as a run asks (the long job across a token rotation, a triggerer deleted under it), waiting
-or deferrable as the run asks; and the smallest job (a Role missing a verb fails before it)."""
+or deferrable as the run asks; and the smallest job once for every verb of the workers' Role,
+each under a ServiceAccount whose Role lacks that verb (the task fails before creating it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from datetime import datetime
 
 from airflow.sdk import DAG, Param
+from kubernetes.client import models as k8s
 
 from airflow_mpi.operators.mpi import MPIJobOperator
 
@@ -61,17 +63,43 @@ with DAG(
         retries=0,
     )
 
-with DAG("mpi_smallest", schedule=None, start_date=START, catchup=False, max_active_runs=1):
-    MPIJobOperator(
-        task_id="train",
-        job={
-            "name": "small",
-            "image": IMAGE,
-            "command": ["python", "-c", "print('hello')"],
-            "workers": {"replicas": 1, "cpu": 1, "memory": "256Mi"},
-            "master": {"cpu": 1, "memory": "256Mi"},
-            "startup_timeout": 120,
-            "timeout": 300,
-        },
-        retries=0,
-    )
+# The workers' Role's verbs as docs/guides/rbac.md grants them (the test checks this is the page's
+# list): a task for each, in a pod under a ServiceAccount whose Role lacks that one verb, so every
+# case runs at once. The job is the smallest; each task fails before creating it.
+WORKER_VERBS = [
+    *[("", "pods", verb) for verb in ("create", "get", "list", "watch", "delete")],
+    ("", "pods/log", "get"),
+    *[("", resource, verb) for resource in ("services", "secrets", "configmaps")
+      for verb in ("create", "get", "list", "delete")],
+    *[("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "delete")],
+    *[("", "events", verb) for verb in ("get", "list", "watch")],
+]  # fmt: skip
+
+
+def account_without(resource: str, verb: str) -> str:
+    """The ServiceAccount (and its Role) that has every verb of the workers' Role but this one."""
+    return f"no-{verb}-{resource.replace('/', '-')}"
+
+
+# Six task pods at a time: each starts a Python with Airflow, beside the long jobs' followed logs.
+with DAG("mpi_role_checks", schedule=None, start_date=START, catchup=False, max_active_runs=1, max_active_tasks=6):
+    for _, resource, verb in WORKER_VERBS:
+        account = account_without(resource, verb)
+        MPIJobOperator(
+            task_id=account.replace("-", "_"),
+            job={
+                "name": "small",
+                "image": IMAGE,
+                "command": ["python", "-c", "print('hello')"],
+                "workers": {"replicas": 1, "cpu": 1, "memory": "256Mi"},
+                "master": {"cpu": 1, "memory": "256Mi"},
+                "startup_timeout": 120,
+                "timeout": 300,
+            },
+            executor_config={
+                "pod_override": k8s.V1Pod(
+                    spec=k8s.V1PodSpec(service_account_name=account, containers=[k8s.V1Container(name="base")])
+                )
+            },
+            retries=0,
+        )
