@@ -36,6 +36,8 @@ class ControllerKind(JobKind):
     # The event the controller refuses a job with (it sets no condition then); None: it never does.
     _refusal_event: ClassVar[str | None] = None
     _refused_by: ClassVar[str] = ""  # who refuses, as the refusal says it: "mpi-operator refused"
+    # Refusals the controller retries by itself (a cache behind the API): not final within the grace.
+    _retried_refusals: ClassVar[tuple[str, ...]] = ()
     # What a controller silent for over ``CONTROLLER_GRACE`` means: ``{job}``, ``{waited}`` (seconds).
     _silence: ClassVar[str] = ""
 
@@ -66,7 +68,8 @@ class ControllerKind(JobKind):
         if self._refusal_event is None:
             return None
         refused = event_message(events, self._refusal_event)
-        if refused is not None:
+        retried = refused is not None and any(text in refused for text in self._retried_refusals)
+        if refused is not None and (not retried or waited > CONTROLLER_GRACE):
             return f"{self._refused_by} {self.top_label} {job_name} ({self._refusal_event}): {refused}"
         if waited > CONTROLLER_GRACE:
             return self._silence.format(job=job_name, waited=waited)

@@ -267,6 +267,9 @@ class TrainJobKind(ControllerKind):
     # Trainer says why it cannot make the JobSet only in this event.
     _refusal_event = "TrainJobResourcesCreationFailed"
     _refused_by = "Trainer could not run"
+    # Trainer reads a runtime made just before its TrainJob from its cache, and requeues the
+    # TrainJob with back-off until the cache has it (its TrainJob reconciler).
+    _retried_refusals = ("TrainingRuntime specified in TrainJob is not found",)
     _silence = (
         "TrainJob {job}: no JobSet status and no pods in {waited:.0f}s: install Kubeflow Trainer "
         "v2.3 or later and JobSet, or check that both controllers are running and watch this namespace"

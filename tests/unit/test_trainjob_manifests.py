@@ -178,6 +178,13 @@ def test_status_reading_queued_failed_and_refused() -> None:
     )
     assert kind.refusal("j", [], 1.0) is None
     assert "Trainer" in (kind.refusal("j", [], 61.0) or "")
+    # A runtime Trainer's cache has not seen yet: Trainer retries, so it is a refusal only past the grace.
+    cache = {
+        "reason": "TrainJobResourcesCreationFailed",
+        "message": "TrainingRuntime specified in TrainJob is not found",
+    }
+    assert kind.refusal("j", [cache], 5.0) is None
+    assert "is not found" in (kind.refusal("j", [cache], 61.0) or "")
     assert kind.events_selector("j", _trainjob()) == "involvedObject.name=j,involvedObject.kind=TrainJob"
     assert kind.events_selector("j", _trainjob(jobs=True)) is None
     failed = kind.admission("j", False, None, [], _trainjob(("Failed", "DeadlineExceeded")), lambda: None)
