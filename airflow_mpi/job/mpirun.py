@@ -151,8 +151,8 @@ def _hydra_options(spec: MPIJobSpec, exports: list[str]) -> list[str]:
     if mpi.wdir:
         args += ["-wdir", mpi.wdir]
     names = [item for item in exports if "=" not in item]
-    if names:
-        args += ["-genvlist", ",".join(names)]
+    # No list would pass the master's whole environment: none, then, beside the -genv items.
+    args += ["-genvlist", ",".join(names)] if names else ["-genvnone"]
     for item in exports:
         if "=" in item:
             name, _, value = item.partition("=")
@@ -168,6 +168,7 @@ def build_launch_env(spec: MPIJobSpec, paths: PodPaths = DEFAULT_PATHS) -> list[
     from its environment (Open MPI takes both as options: none)."""
     if spec.mpi.implementation == "intel":  # Intel's Hydra: its own names for the same
         return [
+            "HYDRA_CONFIG_FILE=/dev/null",
             "I_MPI_HYDRA_BOOTSTRAP=ssh",
             f"I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS=-F {paths.ssh_config}",
             f"I_MPI_JOB_TIMEOUT={spec.timeout}",
@@ -175,6 +176,8 @@ def build_launch_env(spec: MPIJobSpec, paths: PodPaths = DEFAULT_PATHS) -> list[
     if spec.mpi.implementation not in HYDRAS:
         return []
     return [
+        # No options from a file: Hydra reads ~/.mpiexec.hydra.conf (HOME is the job's) otherwise.
+        "HYDRA_CONFIG_FILE=/dev/null",
         "HYDRA_LAUNCHER=ssh",
         # The job's own ssh config: key, pinned known_hosts, port, batch mode, timeouts.
         f"HYDRA_LAUNCHER_EXTRA_ARGS=-F {paths.ssh_config}",

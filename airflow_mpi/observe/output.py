@@ -81,6 +81,11 @@ class OutputTracker:
                 continue
             if line.startswith(RESULT_PREFIX) and not self._tagged:
                 self._parse_result(-1, line)
+            elif line.startswith(RANK_EXIT_PREFIX) and not self._tagged and self.failed_rank is None:
+                # Untagged output (tag_output: false): the wrapper's line names its rank itself.
+                found = RANK_EXIT.match(line.rstrip("\r\n"))
+                if found is not None:
+                    self._parse_rank_exit(int(found.group(1)), line)
             self._parse_mpiexec(line)
 
     def _parse_result(self, rank: int, text: str) -> None:

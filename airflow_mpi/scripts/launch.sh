@@ -275,7 +275,11 @@ load_mpiexec_args() { # sets MPI_ARGS from the tail for this launcher (Open MPI 
         [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -z "${!name+x}" ]] || kept+="${kept:+,}$name"
       done
       i=$((i + 1))
-      [[ -n "$kept" ]] && MPI_ARGS+=(-genvlist "$kept")
+      if [[ -n "$kept" ]]; then
+        MPI_ARGS+=(-genvlist "$kept")
+      else # without a list Hydra passes the master's whole environment
+        MPI_ARGS+=(-genvnone)
+      fi
       continue
     fi
     MPI_ARGS+=("${raw[i]}")
@@ -493,10 +497,19 @@ run_rank() {
   local -a pods pre
   (($#)) || die "rank: no command given"
   # Open MPI names the rank OMPI_COMM_WORLD_*; Hydra (MPICH, Intel MPI) PMI_* and MPI_LOCAL*.
-  local rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}" size="${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}"
-  local local_rank="${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}"
-  local local_size="${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-}}"
+  # Under Hydra only its own are read: it never sets Open MPI's, so a job's env could.
+  local rank size local_rank local_size
+  if [[ "${AIRFLOW_MPI_ABORT_ON_EXIT:-0}" == 1 ]]; then # set for Hydra jobs only
+    rank="${PMI_RANK:-}" size="${PMI_SIZE:-}" local_rank="${MPI_LOCALRANKID:-}" local_size="${MPI_LOCALNRANKS:-}"
+  else
+    rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}" size="${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}"
+    local_rank="${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-}}"
+    local_size="${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-}}"
+  fi
   [[ -n "$rank" ]] || die "rank: not started by mpiexec (neither OMPI_COMM_WORLD_RANK nor PMI_RANK is set)"
+  # Numbers only: the rank goes into every output line's tag (and the tagger's program text).
+  [[ "$rank" =~ ^[0-9]+$ && "$size" =~ ^[0-9]+$ ]] ||
+    die "rank: mpiexec's rank and world size are not numbers (rank '${rank:0:40}', size '${size:0:40}')"
   # Ranks start through ssh, without the pod's env: unless told, the config directory is the
   # one this script was run from (mpiexec runs <config dir>/launch.sh rank on every backend).
   if [[ -z "${AIRFLOW_MPI_CONFIG_DIR:-}" && -f "${BASH_SOURCE[0]}" ]]; then

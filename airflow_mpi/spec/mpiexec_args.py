@@ -33,7 +33,14 @@ OWNED_MCA = {
     "plm_rsh_args": _SSH,
     "orte_launch_agent": "the daemon ssh starts on every worker is Open MPI's own orted",
     "orte_keep_fqdn_hostnames": "pod host names are <pod>.<job> and must stay fully qualified",
+    # Open MPI 5 (PRRTE) names for the same things.
+    "plm_ssh_agent": _SSH,
+    "plm_ssh_args": _SSH,
+    "prte_launch_agent": "the daemon ssh starts on every worker is Open MPI's own prted",
+    "prte_keep_fqdn_hostnames": "pod host names are <pod>.<job> and must stay fully qualified",
 }
+# The variables that set an MCA parameter: Open MPI's, PRRTE's (Open MPI 5) and PMIx's.
+MCA_ENV_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
 # The MPIs a job may name; MPICH and Intel MPI both launch with Hydra, in one spelling.
 OPEN_MPI = "openmpi"
 HYDRAS = frozenset({"mpich", "intel"})
@@ -48,8 +55,12 @@ OWNED_LAUNCHER_ENV = {
     **dict.fromkeys(("HYDRA_HOST_FILE", "I_MPI_HYDRA_HOST_FILE"), "the launch script passes the hosts"),
     **dict.fromkeys(("HYDRA_ENV", "I_MPI_HYDRA_ENV"), "only the exported variables may reach the ranks"),
     **dict.fromkeys(("MPIEXEC_TIMEOUT", "I_MPI_MPIEXEC_TIMEOUT", "I_MPI_JOB_TIMEOUT"), "the job's timeout sets it"),
+    # Hydra reads launcher options from this file (else ~/.mpiexec.hydra.conf): the launch sets it
+    # to /dev/null, so no file adds options past extra_args' rules.
+    "HYDRA_CONFIG_FILE": "the launcher's options are the job's, from no file",
 }
-MCA_OPTIONS = frozenset({"--mca", "-mca", "--gmca", "-gmca"})  # each takes NAME VALUE
+# Each takes NAME VALUE; Open MPI 5 also spells them --prtemca (PRRTE's) and --pmixmca (PMIx's).
+MCA_OPTIONS = frozenset({"--mca", "-mca", "--gmca", "-gmca", "--prtemca", "-prtemca", "--pmixmca", "-pmixmca"})
 EXPORT_OPTIONS = frozenset({"-x", "--x"})
 
 _HOSTS = "hosts_mode"
@@ -76,6 +87,7 @@ HYDRA_OWNED_FLAGS = {
     **dict.fromkeys(("-np", "-n"), "mpi.np"),
     **dict.fromkeys(("-ppn", "-perhost"), "mpi.npernode"),
     **dict.fromkeys(("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rmk"), "(the ssh launch)"),
+    **dict.fromkeys(("-bootstrap-exec-args", "-launcher-exec-args"), "(the ssh launch)"),
     **dict.fromkeys(("-genvnone", "-genvall", "-envall", "-envnone", "-genvlist", "-envlist"), "mpi.export_env"),
     **dict.fromkeys(("-disable-auto-cleanup", "-auto-cleanup"), _ABORT),
 }
@@ -195,7 +207,7 @@ def check_export(item: str, path: str) -> list[SpecIssue]:
         return [SpecIssue(path, f"{item[:80]!r} is not VAR or VAR=value", "use e.g. 'NCCL_DEBUG=INFO'")]
     if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
         return [SpecIssue(path, f"{name} is owned by the platform", "remove it")]
-    mca = name[len("OMPI_MCA_") :] if name.startswith("OMPI_MCA_") else ""
+    mca = mca_of_variable(name)
     if mca in OWNED_MCA:
         return [SpecIssue(path, f"{name} would change {mca}, set by airflow-mpi: {OWNED_MCA[mca]}", "remove it")]
     if name in OWNED_LAUNCHER_ENV:
@@ -212,6 +224,12 @@ def check_export(item: str, path: str) -> list[SpecIssue]:
             )
         ]
     return []
+
+
+def mca_of_variable(name: str) -> str:
+    """The MCA parameter an environment variable sets (``OMPI_MCA_btl`` -> ``btl``), or ""."""
+    prefix = next((prefix for prefix in MCA_ENV_PREFIXES if name.startswith(prefix)), "")
+    return name[len(prefix) :] if prefix else ""
 
 
 def _owned_flag(spec: MPIJobSpec, flag: str, path: str, owned: dict[str, str] = OWNED_FLAGS) -> SpecIssue:

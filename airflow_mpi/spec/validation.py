@@ -30,7 +30,7 @@ from airflow_mpi.spec.formats import (
     mca_value_problem,
 )
 from airflow_mpi.spec.mpi_validation import check_mpi
-from airflow_mpi.spec.mpiexec_args import OWNED_LAUNCHER_ENV, OWNED_MCA
+from airflow_mpi.spec.mpiexec_args import OWNED_LAUNCHER_ENV, OWNED_MCA, mca_of_variable
 from airflow_mpi.spec.patterns import PatternError, compile_pattern
 from airflow_mpi.spec.pod_validation import check_pod
 from airflow_mpi.spec.quantities import CPU_MILLI, check_memory, parse_cpu, quantity_bound_problem, shown_quantity
@@ -282,7 +282,7 @@ def _check_env(spec: MPIJobSpec) -> list[SpecIssue]:
                     "remove it from env; size the job with master/workers and hosts_mode instead",
                 )
             )
-        mca = name[len("OMPI_MCA_") :] if name.startswith("OMPI_MCA_") else ""
+        mca = mca_of_variable(name)
         if mca in OWNED_MCA:
             issues.append(SpecIssue(path, f"would change the owned MCA parameter {mca}: {OWNED_MCA[mca]}", "remove it"))
         if name in OWNED_LAUNCHER_ENV:

@@ -187,3 +187,9 @@ def test_the_hydra_rank_wrappers_exit_line_names_its_rank_code_and_host() -> Non
     )
     assert (tracker.failed_rank, tracker.failed_signal, tracker.failed_node) == (1, 9, "job-worker-0")
     assert tracker.failed_exit_code is None
+
+
+def test_an_untagged_hydra_rank_exit_line_still_names_the_rank_and_code() -> None:
+    tracker = OutputTracker(np=3)  # tag_output: false: no line carries a rank tag
+    tracker.feed(["training", "AIRFLOW_MPI_RANK_EXIT rank=2 code=3 host=job-worker-1", "AIRFLOW_MPI_RANK_EXIT x"])
+    assert (tracker.failed_rank, tracker.failed_exit_code, tracker.failed_node) == (2, 3, "job-worker-1")

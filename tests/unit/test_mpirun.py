@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from airflow_mpi.job.mpirun import build_mpiexec_argv, build_mpiexec_tail, render_args_file
 from airflow_mpi.job.naming import build_job_name
 from airflow_mpi.job.topology import build_topology
+from airflow_mpi.scripts import launch_script_text
 from tests.helpers import IDENTITY, spec_from
 
 J = build_job_name("job", IDENTITY)
@@ -135,7 +138,8 @@ def test_hydra_argv_golden() -> None:
         mpi={"implementation": "mpich", "mpiexec": "/usr/bin/mpiexec.mpich", "npernode": 1, "bind_to": "core"},
     )
     assert argv == [
-        "env", "HYDRA_LAUNCHER=ssh", "HYDRA_LAUNCHER_EXTRA_ARGS=-F /run/airflow-mpi/ssh/ssh_config",
+        "env", "HYDRA_CONFIG_FILE=/dev/null",
+        "HYDRA_LAUNCHER=ssh", "HYDRA_LAUNCHER_EXTRA_ARGS=-F /run/airflow-mpi/ssh/ssh_config",
         "MPIEXEC_TIMEOUT=86400",
         "/usr/bin/mpiexec.mpich",
         "-machinefile", "/run/airflow-mpi/hosts", "-localhost", f"{J}-master-0.{J}",
@@ -147,7 +151,7 @@ def test_hydra_argv_golden() -> None:
         "-genv", "AIRFLOW_MPI_ABORT_ON_EXIT", "1", "-genv", "AIRFLOW_MPI_TAG_OUTPUT", "1",
         "bash", "/etc/mpi/launch.sh", "rank", "python", "/app/train.py",
     ]  # fmt: skip
-    assert argv_for(mpi={"implementation": "intel"})[4:6] == ["mpiexec", "-machinefile"]  # the same spelling
+    assert argv_for(mpi={"implementation": "intel"})[5:7] == ["mpiexec", "-machinefile"]  # the same spelling
 
 
 def test_hydra_args_file_names_its_launcher_and_environment() -> None:
@@ -187,3 +191,20 @@ def test_an_open_mpi_args_file_carries_both_tails() -> None:
     assert "plm_ssh_args" in text.split("MPI_ARGS_RENDERED_OPEN_MPI_5")[1]
     hydra = render_plan(spec_from(mpi={"implementation": "mpich"}), IDENTITY).config_files["mpiexec.args"]
     assert "OPEN_MPI_5" not in hydra
+
+
+def test_hydra_passes_no_environment_but_the_jobs_when_no_name_is_exported(tmp_path: Path) -> None:
+    """Without -genvlist Hydra would pass the master's whole environment to every rank."""
+    spec = spec_from(mpi={"implementation": "mpich", "export_env": ["A=1"]})
+    tail = build_mpiexec_tail(spec, build_topology(spec, J))
+    assert "-genvnone" in tail and "-genvlist" not in tail
+    # The launch script drops the names it has no value for: none left is -genvnone, not nothing.
+    script = tmp_path / "launch.sh"
+    script.write_text(launch_script_text())
+    run = (
+        f'AIRFLOW_MPI_LAUNCH_LIBRARY=1; source "{script}"; '
+        "MPI_ARGS_RENDERED=(-genvlist UNSET_ONE,UNSET_TWO -genv A 1 bash /etc/mpi/launch.sh rank true); "
+        'load_mpiexec_args; printf "%s\\n" "${MPI_ARGS[@]}"'
+    )
+    shown = subprocess.run(["bash", "-c", run], capture_output=True, text=True, timeout=20, check=True).stdout
+    assert shown.split("\n")[:4] == ["-genvnone", "-genv", "A", "1"]

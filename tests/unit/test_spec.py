@@ -276,3 +276,35 @@ def test_hydra_takes_the_options_it_shares_and_its_own_flags() -> None:
              "wdir": "/data", "extra_args": ["-iface", "eth0", "-genv", "NCCL_DEBUG", "INFO"]},
     )  # fmt: skip
     assert spec.mpi.implementation == "mpich"
+
+
+@pytest.mark.parametrize(
+    ("mpi", "env", "field", "said"),
+    [
+        # Open MPI 5's names for the ssh launch and the host names are the product's, as 4's are.
+        (
+            {"mca": {"plm_ssh_args": "-oConnectTimeout=9"}},
+            {},
+            "mpi.mca.plm_ssh_args",
+            "plm_ssh_args is set by airflow-mpi",
+        ),
+        (
+            {"mca": {"prte_keep_fqdn_hostnames": "0"}},
+            {},
+            "mpi.mca.prte_keep_fqdn_hostnames",
+            "prte_keep_fqdn_hostnames is set by",
+        ),
+        ({"extra_args": ["--prtemca", "plm_ssh_args", "-oBatchMode=no"]}, {}, "mpi.extra_args[1]", "plm_ssh_args"),
+        ({}, {"PRTE_MCA_plm_ssh_agent": "rsh"}, "env.PRTE_MCA_plm_ssh_agent", "owned MCA parameter plm_ssh_agent"),
+        # Hydra reads launcher options from HYDRA_CONFIG_FILE, past extra_args' rules.
+        ({"implementation": "mpich"}, {"HYDRA_CONFIG_FILE": "/etc/mpi/o"}, "env.HYDRA_CONFIG_FILE", "from no file"),
+        ({"implementation": "intel", "extra_args": ["-bootstrap-exec-args", "-v"]}, {}, "mpi.extra_args[0]", "set by"),
+    ],
+)
+def test_what_the_launch_owns_is_refused_in_every_implementations_spelling(
+    mpi: dict[str, Any], env: dict[str, str], field: str, said: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        spec_from(mpi=mpi, env=env)
+    assert field in caught.value.fields, str(caught.value)
+    assert said in str(caught.value)
