@@ -53,15 +53,15 @@ def leave_job(
     if master is not None:
         scripts.on(plan.master.name, master)
     backend.create(plan)
+    deadline = time.monotonic() + 10  # the workers up, as a worker that died waiting for them left them
+    while not all(p.ok for p in backend.probe_workers(plan.job_name)) and time.monotonic() < deadline:
+        backend.wait_for_change(plan.job_name, 0.2)
     if not start:  # the master is created with the workers: take it away again
         backend.objects.delete("default", "pods", plan.master.name)
         deadline = time.monotonic() + 10
         while backend.objects.get("default", "pods", plan.master.name) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
     if start:
-        deadline = time.monotonic() + 10
-        while not all(p.ok for p in backend.probe_workers(plan.job_name)) and time.monotonic() < deadline:
-            backend.wait_for_change(plan.job_name, 0.2)
         backend.start_master(plan.job_name)
     backend.release(plan.job_name)
     return plan
