@@ -168,7 +168,6 @@ def build_launch_env(spec: MPIJobSpec, paths: PodPaths = DEFAULT_PATHS) -> list[
     from its environment (Open MPI takes both as options: none)."""
     if spec.mpi.implementation == "intel":  # Intel's Hydra: its own names for the same
         return [
-            "HYDRA_CONFIG_FILE=/dev/null",
             "I_MPI_HYDRA_BOOTSTRAP=ssh",
             f"I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS=-F {paths.ssh_config}",
             f"I_MPI_JOB_TIMEOUT={spec.timeout}",
@@ -176,8 +175,6 @@ def build_launch_env(spec: MPIJobSpec, paths: PodPaths = DEFAULT_PATHS) -> list[
     if spec.mpi.implementation not in HYDRAS:
         return []
     return [
-        # No options from a file: Hydra reads ~/.mpiexec.hydra.conf (HOME is the job's) otherwise.
-        "HYDRA_CONFIG_FILE=/dev/null",
         "HYDRA_LAUNCHER=ssh",
         # The job's own ssh config: key, pinned known_hosts, port, batch mode, timeouts.
         f"HYDRA_LAUNCHER_EXTRA_ARGS=-F {paths.ssh_config}",

@@ -55,8 +55,7 @@ OWNED_LAUNCHER_ENV = {
     **dict.fromkeys(("HYDRA_HOST_FILE", "I_MPI_HYDRA_HOST_FILE"), "the launch script passes the hosts"),
     **dict.fromkeys(("HYDRA_ENV", "I_MPI_HYDRA_ENV"), "only the exported variables may reach the ranks"),
     **dict.fromkeys(("MPIEXEC_TIMEOUT", "I_MPI_MPIEXEC_TIMEOUT", "I_MPI_JOB_TIMEOUT"), "the job's timeout sets it"),
-    # Hydra reads launcher options from this file (else ~/.mpiexec.hydra.conf): the launch sets it
-    # to /dev/null, so no file adds options past extra_args' rules.
+    # Hydra reads launcher options from this file: a job's would add them past extra_args' rules.
     "HYDRA_CONFIG_FILE": "the launcher's options are the job's, from no file",
 }
 # Each takes NAME VALUE; Open MPI 5 also spells them --prtemca (PRRTE's) and --pmixmca (PMIx's).

@@ -138,8 +138,7 @@ def test_hydra_argv_golden() -> None:
         mpi={"implementation": "mpich", "mpiexec": "/usr/bin/mpiexec.mpich", "npernode": 1, "bind_to": "core"},
     )
     assert argv == [
-        "env", "HYDRA_CONFIG_FILE=/dev/null",
-        "HYDRA_LAUNCHER=ssh", "HYDRA_LAUNCHER_EXTRA_ARGS=-F /run/airflow-mpi/ssh/ssh_config",
+        "env", "HYDRA_LAUNCHER=ssh", "HYDRA_LAUNCHER_EXTRA_ARGS=-F /run/airflow-mpi/ssh/ssh_config",
         "MPIEXEC_TIMEOUT=86400",
         "/usr/bin/mpiexec.mpich",
         "-machinefile", "/run/airflow-mpi/hosts", "-localhost", f"{J}-master-0.{J}",
@@ -151,7 +150,7 @@ def test_hydra_argv_golden() -> None:
         "-genv", "AIRFLOW_MPI_ABORT_ON_EXIT", "1", "-genv", "AIRFLOW_MPI_TAG_OUTPUT", "1",
         "bash", "/etc/mpi/launch.sh", "rank", "python", "/app/train.py",
     ]  # fmt: skip
-    assert argv_for(mpi={"implementation": "intel"})[5:7] == ["mpiexec", "-machinefile"]  # the same spelling
+    assert argv_for(mpi={"implementation": "intel"})[4:6] == ["mpiexec", "-machinefile"]  # the same spelling
 
 
 def test_hydra_args_file_names_its_launcher_and_environment() -> None:
