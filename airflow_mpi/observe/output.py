@@ -82,10 +82,7 @@ class OutputTracker:
             if line.startswith(RESULT_PREFIX) and not self._tagged:
                 self._parse_result(-1, line)
             elif line.startswith(RANK_EXIT_PREFIX) and not self._tagged and self.failed_rank is None:
-                # Untagged output (tag_output: false): the wrapper's line names its rank itself.
-                found = RANK_EXIT.match(line.rstrip("\r\n"))
-                if found is not None:
-                    self._parse_rank_exit(int(found.group(1)), line)
+                self._parse_rank_exit(None, line)  # tag_output: false: the line names its rank itself
             self._parse_mpiexec(line)
 
     def _parse_result(self, rank: int, text: str) -> None:
@@ -98,13 +95,14 @@ class OutputTracker:
             return
         self._results[rank] = problem.value
 
-    def _parse_rank_exit(self, rank: int, text: str) -> None:
-        """The rank wrapper's own line under Hydra: its rank, exit code (128+N: signal N) and host."""
+    def _parse_rank_exit(self, rank: int | None, text: str) -> None:
+        """The rank wrapper's own line under Hydra: its rank, exit code (128+N: signal N) and host.
+        ``rank``: the rank whose tag the line had (None: untagged output)."""
         found = RANK_EXIT.match(text.rstrip("\r\n"))
-        if found is None or int(found.group(1)) != rank:
+        if found is None or (rank is not None and int(found.group(1)) != rank):
             return  # another rank's text that only looks like it
         code = int(found.group(2))
-        self.failed_rank, self.failed_node = rank, found.group(3)
+        self.failed_rank, self.failed_node = int(found.group(1)), found.group(3)
         if 128 < code < 160:
             self.failed_signal = code - 128
         else:
