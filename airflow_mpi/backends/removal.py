@@ -21,7 +21,7 @@ from airflow_mpi.job.naming import job_selector
 from airflow_mpi.kinds.base import JobKind
 from airflow_mpi.kinds.gang import KUEUE_WORKLOAD
 from airflow_mpi.kinds.manifests import LOG_LEASE, SERVICE, log_lease_name
-from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
+from airflow_mpi.observe.status import NODE_GONE_REASONS, pod_state_from_k8s
 from airflow_mpi.spec import Gang
 
 _log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class JobRemoval:
 
     def _wait_pods_gone(self, job: WatchedJob, job_name: str, namespace: str, since: float) -> None:
         """Wait for the job's pods to go; delete directly what a slow or absent collector left."""
-        failed = self._force_delete_on_lost_nodes(job, namespace, since)
+        failed = self._force_delete_on_lost_nodes(job, job_name, namespace, since)
         left = _pods_left_after(job.watcher, TEARDOWN_WAIT)
         if left is None:  # no watch to tell: ask; if the API will not say, the collector has them
             with contextlib.suppress(BackendError):
@@ -112,18 +112,30 @@ class JobRemoval:
         if failed is not None:
             raise failed
 
-    def _force_delete_on_lost_nodes(self, job: WatchedJob, namespace: str, since: float) -> BackendError | None:
-        """A pod whose Node stopped reporting stays Terminating until that Node's kubelet confirms
-        it, which may be never: delete it at once, as ``kubectl delete --force --grace-period=0``
-        does. Should the Node come back, its kubelet stops what is still running there."""
+    def _force_delete_on_lost_nodes(
+        self, job: WatchedJob, job_name: str, namespace: str, since: float
+    ) -> BackendError | None:
+        """A pod whose Node stopped reporting (or that the cluster evicts from a tainted Node) stays
+        Terminating until that Node's kubelet confirms it, which may be never: delete it at once,
+        as ``kubectl delete --force --grace-period=0`` does. Should the Node come back, its kubelet
+        stops what is still running there."""
         with job.watcher.cond:
             pods = [pod_state_from_k8s(pod) for pod in job.watcher.table.pods.values()]
+        # Every pod of the job on such a Node, as the API lists them now: the cluster marks them
+        # one by one, and a watch may lag.
+        lost = {pod.node for pod in pods if pod.reason in NODE_GONE_REASONS and pod.node}
+        if lost:
+            with contextlib.suppress(BackendError):
+                listed = self.objects.list(namespace, "pods", job_selector(job_name), since)
+                pods = [pod_state_from_k8s(pod) for pod in listed]
         failed: BackendError | None = None
         for pod in pods:
-            if pod.reason != NODE_LOST:
+            if pod.reason not in NODE_GONE_REASONS and pod.node not in lost:
                 continue
             _log.warning(
-                "pod %s is on Node %s, which stopped reporting: deleting it without waiting", pod.name, pod.node
+                "pod %s is on Node %s, which stopped reporting or was tainted: deleting it without waiting",
+                pod.name,
+                pod.node,
             )
             try:
                 self.objects.delete(namespace, "pods", pod.name, since, grace_seconds=0)

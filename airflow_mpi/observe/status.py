@@ -41,6 +41,19 @@ NODE_LOST_MESSAGE = (
 )
 
 
+# A pod the taint eviction controller is deleting from its Node for a NoExecute taint: the Node
+# stopped reporting or is not ready (every job pod leaves such a Node at once:
+# ``kinds.manifests.NODE_LOST_TAINTS``), or an administrator tainted it. A pod never Ready when
+# its Node went silent gets no other mark; its deletion then waits on a kubelet that may never answer.
+NODE_EVICTED = "DeletionByTaintManager"
+NODE_EVICTED_MESSAGE = (
+    "the cluster is evicting it from Node {node} for a NoExecute taint (the Node stopped reporting, is not "
+    "ready, or was tainted); an MPI job cannot go on without that Node's ranks: check `kubectl describe node {node}`"
+)
+# Both read as a lost Node: the job fails at once, and teardown deletes such pods without waiting.
+NODE_GONE_REASONS = frozenset({NODE_LOST, NODE_EVICTED})
+
+
 class PodPhase(str, Enum):
     PENDING = "Pending"
     RUNNING = "Running"
@@ -98,7 +111,7 @@ def evaluate_job(pods: Sequence[PodState]) -> JobStatus:
     workers = [p for p in pods if p.role is Role.WORKER]
 
     for pod in pods:
-        if pod.reason in FATAL_WAITING_REASONS or (pod.reason == NODE_LOST and not pod.ended):
+        if pod.reason in FATAL_WAITING_REASONS or (pod.reason in NODE_GONE_REASONS and not pod.ended):
             return JobStatus(JobPhase.FAILED, pod.name, pod.exit_code, pod.describe())
     # A worker lost while the master is still going is the root cause, whatever the master says next.
     master_done = master is not None and master.phase is PodPhase.SUCCEEDED
@@ -160,6 +173,8 @@ def pod_state_from_k8s(pod: Mapping[str, Any]) -> PodState:
     node = (pod.get("spec") or {}).get("nodeName", "")
     if _node_lost(phase, conditions.get("Ready"), containers):
         reason, message = NODE_LOST, NODE_LOST_MESSAGE.format(node=node or "NODE")
+    elif not reason and _evicted_by_taint(phase, conditions.get("DisruptionTarget")):
+        reason, message = NODE_EVICTED, NODE_EVICTED_MESSAGE.format(node=node or "NODE")
     return PodState(name, role, phase, ready=ready, exit_code=exit_code, reason=reason, message=message, node=node)
 
 
@@ -173,6 +188,15 @@ def _node_lost(phase: PodPhase, ready: Mapping[str, Any] | None, containers: Seq
         and not (ready or {}).get("reason")
         and bool(containers)
         and all(c.get("ready") is True for c in containers)
+    )
+
+
+def _evicted_by_taint(phase: PodPhase, disruption: Mapping[str, Any] | None) -> bool:
+    """The taint eviction controller's mark on a pod it is about to delete (``NODE_EVICTED``)."""
+    return (
+        phase in (PodPhase.PENDING, PodPhase.RUNNING)
+        and (disruption or {}).get("status") == "True"
+        and (disruption or {}).get("reason") == NODE_EVICTED
     )
 
 

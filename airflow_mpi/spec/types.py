@@ -196,7 +196,9 @@ class PodSettings:
     node_selector: Mapping[str, str] = field(default_factory=dict, metadata=TEXT_ONLY)
     """Node labels every pod must match."""
     tolerations: tuple[Toleration, ...] = ()
-    """Taints every pod tolerates."""
+    """Taints every pod tolerates. Every pod also tolerates a Node that stopped reporting or is
+    not ready (``node.kubernetes.io/unreachable``, ``not-ready``) for 0 s, so a lost Node ends
+    the job at once; a toleration of either taint here replaces that."""
     volumes: tuple[Volume, ...] = ()
     """Volumes mounted into every pod."""
     service_account: str | None = None

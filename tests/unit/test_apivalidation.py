@@ -170,7 +170,7 @@ def test_pod_spec_is_immutable_but_for_image_deadline_and_added_tolerations() ->
     allowed = copy.deepcopy(old)
     allowed["spec"]["containers"][0]["image"] = "registry.example/train:2"
     allowed["spec"]["activeDeadlineSeconds"] -= 1
-    allowed["spec"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
+    allowed["spec"]["tolerations"] = [*old["spec"]["tolerations"], {"key": "spot", "operator": "Exists"}]
     allowed["metadata"]["labels"]["extra"] = "yes"
     assert validate_object("pods", allowed, old=old) == []
     changed = copy.deepcopy(old)

@@ -130,6 +130,38 @@ def test_pod_contract() -> None:
     assert "readinessProbe" not in master["spec"]["containers"][0]
 
 
+LEAVE_AT_ONCE = [
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0},
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0},
+]
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "added"),
+    [
+        ([], LEAVE_AT_ONCE),
+        ([{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}], LEAVE_AT_ONCE),
+        ([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+           "toleration_seconds": 120}], LEAVE_AT_ONCE[1:]),
+        ([{"key": "node.kubernetes.io/not-ready", "operator": "Equal"}], LEAVE_AT_ONCE[:1]),
+        ([{"key": "node.kubernetes.io/not-ready", "value": "x", "effect": "NoExecute"}], LEAVE_AT_ONCE),
+        ([{"operator": "Exists"}], []),
+    ],
+    ids=["none", "another taint", "unreachable for 120 s", "not-ready, any effect", "a value never set", "every taint"],
+)  # fmt: skip
+def test_every_pod_leaves_a_lost_node_at_once_unless_the_job_says_otherwise(
+    tolerations: list[dict[str, Any]], added: list[dict[str, Any]]
+) -> None:
+    """Kubernetes keeps a pod 300 s on a Node that stopped reporting; a job cannot go on without
+    it, and the eviction is the only mark a pod never Ready there gets. A job's own toleration of
+    either taint is kept as it wrote it."""
+    for obj in objects_for({"workers": {"replicas": 1}, "pod": {"tolerations": tolerations}}):
+        if obj["kind"] == "Pod":
+            own = obj["spec"]["tolerations"][: len(tolerations)]
+            assert [t.get("key") for t in own] == [t.get("key") for t in tolerations]
+            assert obj["spec"]["tolerations"][len(tolerations) :] == added
+
+
 def test_secret_holds_keys_and_render_can_redact() -> None:
     spec = spec_from(workers={"replicas": 1})
     plan = plan_for(spec)

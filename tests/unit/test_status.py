@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from airflow_mpi.observe.status import JobPhase, PodPhase, PodState, WatchLoop, evaluate_job
@@ -185,6 +187,40 @@ def test_not_ready_by_the_kubelets_own_account_is_not_a_lost_node(
     from airflow_mpi.observe.status import NODE_LOST, pod_state_from_k8s
 
     assert pod_state_from_k8s(_running_pod(ready, containers, reason)).reason != NODE_LOST
+
+
+def _evicted(pod: dict[str, Any], reason: str = "DeletionByTaintManager") -> dict[str, Any]:
+    """``pod`` as the taint eviction controller leaves it: a DisruptionTarget condition, then deleted."""
+    disruption = {"type": "DisruptionTarget", "status": "True", "reason": reason,
+                  "message": "Taint manager: deleting due to NoExecute taint"}  # fmt: skip
+    pod["status"]["conditions"].append(disruption)
+    pod["metadata"]["deletionTimestamp"] = "2026-12-07T12:00:00Z"
+    return pod
+
+
+def test_a_pod_never_ready_when_its_node_went_silent_fails_once_the_cluster_evicts_it() -> None:
+    """The node lifecycle controller leaves a never-Ready pod's Ready False as it was: the only
+    word is the taint eviction controller's (the job's pods tolerate the node-lost taints 0 s)."""
+    from airflow_mpi.observe.status import NODE_EVICTED, pod_state_from_k8s, slim_pod
+
+    starting = _running_pod("False", [False], "ContainersNotReady")
+    assert pod_state_from_k8s(starting).reason == ""  # before the eviction: nothing to tell
+    evicted = pod_state_from_k8s(slim_pod(_evicted(starting)))
+    assert (evicted.reason, evicted.node) == (NODE_EVICTED, "node-1")
+    status = evaluate_job([pod("m", M, PodPhase.RUNNING), evicted])
+    assert status.phase is JobPhase.FAILED and status.failed_pod == "job-worker-1"
+    assert "from Node node-1 for a NoExecute taint" in status.reason
+    assert "kubectl describe node node-1" in status.reason
+
+
+def test_other_disruptions_and_ended_pods_are_not_read_as_a_lost_node() -> None:
+    from airflow_mpi.observe.status import NODE_EVICTED, pod_state_from_k8s
+
+    preempted = _evicted(_running_pod("True", [True]), reason="PreemptionByScheduler")
+    assert pod_state_from_k8s(preempted).reason != NODE_EVICTED
+    ended = _evicted(_running_pod("False", [False], "PodCompleted"))
+    ended["status"]["phase"] = "Succeeded"
+    assert pod_state_from_k8s(ended).reason != NODE_EVICTED
 
 
 def test_a_rank_killed_by_sigkill_is_told_as_the_oom_killer_with_the_limit() -> None:
