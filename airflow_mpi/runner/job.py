@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -112,6 +112,7 @@ class JobRunner:
         self.marks: dict[str, float] = dict(marks or {})  # phase -> epoch seconds
         self._teardown_lock = threading.Lock()
         self._torn_down = False
+        self._follow: Iterator[list[str]] | None = None  # the master's log, once opened
 
     @property
     def job_name(self) -> str:
@@ -134,10 +135,39 @@ class JobRunner:
                 self.start_master()
             result = self.finish()
         except BaseException as error:
+            self._close_follow()
             self.teardown(error)
             raise
         self.teardown()
         return result
+
+    def _master_lines(self) -> Iterator[list[str]]:
+        """The master's log as batches of lines: one follow for the whole job, opened on first use."""
+        if self._follow is None:
+            self._follow = self.backend.follow_master(self.job_name, idle_tick=0.1)
+        return self._follow
+
+    def _close_follow(self) -> None:
+        """Ends the follow (its stream and reader) now, not when the runner is collected."""
+        follow, self._follow = self._follow, None
+        close = getattr(follow, "close", None)
+        if close is not None:
+            close()
+
+    def _show_master_while(self, seconds: float) -> None:
+        """The readiness wait's pause when the master started with its workers: its launch script
+        runs mpiexec once its own ssh check passes, so its lines (ranks included) are shown as they
+        come instead of after the last worker is seen Ready. Returns after ``seconds`` (at most
+        0.25, so readiness is checked as often as a pod event would wake it), or when the master's
+        log has ended (the master ended: the readiness check sees it)."""
+        end = time.monotonic() + min(seconds, 0.25)
+        for batch in self._master_lines():
+            now = time.monotonic()
+            if batch:
+                self.master_output.take(batch, now)
+            if now >= end:
+                return
+        self.backend.wait_for_change(self.job_name, seconds)  # the log ended (e.g. the master was deleted)
 
     def teardown(self, error: BaseException | None = None) -> list[str]:
         """Delete the job's pods and objects (once, from whichever path gets here first). Never
@@ -179,6 +209,7 @@ class JobRunner:
         if queue is not None:
             queue.wait()
             self._mark("admitted")
+        with_workers = isinstance(self.backend, QueueAwareBackend) and self.backend.starts_master_with_workers(plan)
         if plan.workers:
             wait_for_sshd(
                 self.backend,
@@ -186,6 +217,7 @@ class JobRunner:
                 spec.startup_timeout,
                 port=spec.ssh_port,
                 queued=queue.check if queue is not None else None,
+                pause=self._show_master_while if with_workers else None,
             )
         self._mark("sshd_ready")
 
@@ -215,7 +247,10 @@ class JobRunner:
         plan = self.plan
         started = self.marks.get("mpiexec_started", time.time())
         deadline = time.monotonic() + max(0.0, started + plan.spec.timeout - time.time())
-        status = self._stream(deadline=deadline, shown_tail=shown_tail)
+        try:
+            status = self._stream(deadline=deadline, shown_tail=shown_tail)
+        finally:
+            self._close_follow()
         self._mark("finished")
         self.emit(f"airflow-mpi: job {plan.job_name} {status.phase.value}")
         if status.phase is not JobPhase.SUCCEEDED:
@@ -249,7 +284,7 @@ class JobRunner:
     def _stream(self, deadline: float, shown_tail: Sequence[str] = ()) -> JobStatus:
         """Forward the master's output live and watch the workers, until the master ends."""
         next_watch = time.monotonic() + WATCH_INTERVAL
-        for batch in self.backend.follow_master(self.job_name, idle_tick=0.1):
+        for batch in self._master_lines():
             now = time.monotonic()
             if batch:
                 self.master_output.take(batch, now)

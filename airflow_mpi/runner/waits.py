@@ -55,13 +55,17 @@ def wait_for_sshd(
     *,
     port: int = 22,
     queued: Callable[[], bool] | None = None,
+    pause: Callable[[float], None] | None = None,
 ) -> list[HostProbe]:
     """Until every worker accepts the job key; bounded by ``timeout`` with a reason per host.
-    While ``queued()`` says the job waits for admission, the ``timeout`` clock does not run."""
+    While ``queued()`` says the job waits for admission, the ``timeout`` clock does not run.
+    ``pause(seconds)`` stands in for the backend's wait between checks while the job is not
+    queued (the runner follows a master started with its workers meanwhile)."""
     start = time.monotonic()
     delay = 0.02  # sshd starts in tens of milliseconds; image pulls take minutes: back off
     while True:
-        if queued is not None and queued():
+        held = queued is not None and queued()
+        if held:
             start = time.monotonic()
         report = check_sshd_once(backend, job_name)
         if report.failure is not None:
@@ -79,7 +83,10 @@ def wait_for_sshd(
                 [probe.describe(port) for probe in failing],
             )
         # Kubernetes wakes this at the next pod event; locally it is a plain back-off sleep.
-        backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
+        if pause is not None and not held:
+            pause(min(delay, max(0.0, timeout - waited)))
+        else:
+            backend.wait_for_change(job_name, min(delay, max(0.0, timeout - waited)))
         delay = min(delay * 1.5, 1.0)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_mpi.exceptions import JobFailed
 from airflow_mpi.observe.lines import PartialLine, RankLineSplitter
+from airflow_mpi.observe.readiness import HostProbe, HostProblem
 from airflow_mpi.observe.status import PodPhase, PodState
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import Role
@@ -137,3 +138,52 @@ def test_partial_lines_do_not_count_as_lines() -> None:
         marks={"mpiexec_started": time.time()},
     ).finish()
     assert counted[-1] == 1  # one line, however many states it went through
+
+
+class StartedWithWorkers(Played):
+    """A Kubernetes-like backend whose master starts with its worker: the worker is seen Ready only
+    ``ready_after`` seconds in, while the master's launch script has run mpiexec already."""
+
+    def __init__(self, chunks: list[bytes | float], ready_after: float) -> None:
+        super().__init__(chunks)
+        self.ready_at = time.monotonic() + ready_after
+        self.follows = 0
+
+    def follow_master(self, job_name: str, idle_tick: float = 0.1) -> Iterator[list[str]]:
+        self.follows += 1
+        yield from super().follow_master(job_name, idle_tick)
+
+    def probe_workers(self, job_name: str) -> list[HostProbe]:
+        ready = time.monotonic() >= self.ready_at
+        return [HostProbe(WORKER, HostProblem.OK if ready else HostProblem.NOT_READY, "")]
+
+    def wait_for_change(self, job_name: str, timeout: float) -> None:
+        time.sleep(timeout)
+
+    def queue_status(self, job_name: str) -> str | None:
+        return None
+
+    def starts_master_with_workers(self, plan: Any) -> bool:
+        return True
+
+    def create(self, plan: Any) -> None: ...
+    def start_master(self, job_name: str) -> None: ...
+    def teardown(self, job_name: str) -> None: ...
+    def release(self, job_name: str) -> None: ...
+    def custom_objects_to_delete(self, plan: Any) -> list[tuple[str, str, str]]:
+        return []
+
+    def leftovers(self, job_name: str) -> list[str]:
+        return []
+
+
+def test_a_master_started_with_its_workers_shows_its_ranks_before_they_are_seen_ready() -> None:
+    output: list[bytes | float] = [START, starts(0, 1, 2, 3), b"[1,2]<stdout>:training\n", 0.6]
+    output += [b'[1,0]<stdout>:AIRFLOW_MPI_RESULT {"ok": 1}\n']
+    backend = StartedWithWorkers(output, ready_after=0.4)
+    shown: list[str] = []
+    result = JobRunner(backend, PLAN, emit=lambda text: shown.extend(text.splitlines())).run()  # type: ignore[arg-type]
+    ready = next(i for i, line in enumerate(shown) if line.startswith("airflow-mpi: sshd ready"))
+    assert shown.index("[1,2]<stdout>:training") < ready  # shown while the worker was not yet seen Ready
+    assert shown.count("[1,2]<stdout>:training") == 1 and backend.follows == 1  # one follow, each line once
+    assert result.result == {"ok": 1}
