@@ -30,6 +30,12 @@ RANK_EXIT = re.compile(rf"^{RANK_EXIT_PREFIX}rank=(\d{{1,9}}) code=(\d{{1,9}}) h
 SIGNALED = re.compile(r"process rank (\d{1,9}) with PID \d+ on node (\S+) exited on signal (\d{1,9})\b")
 ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d{1,9}) in communicator")
 ABORT_CODE = re.compile(r"^\s*with errorcode (-?\d{1,9})\b")
+# MPICH's and Intel MPI's library, on the stderr of a rank that called MPI_Abort (``python -m
+# mpi4py`` does for a rank that exits non-zero): Hydra then kills every rank, the rank wrapper
+# too, before it can tell its own exit.
+HYDRA_ABORTED = re.compile(
+    r"^Abort\((-?\d{1,9})\) on node \d{1,9} \(rank (\d{1,9}) in comm \d{1,9}\): application called MPI_Abort"
+)
 TIMEOUT_MARKS = ("The user-provided time limit for job execution has been reached", "MPIEXEC_TIMEOUT")
 MAX_RECORD_LINES = 5000
 PROGRESS_INTERVAL = 1.0  # seconds between two progress-bar states of one rank in the task log
@@ -78,11 +84,15 @@ class OutputTracker:
                     self._parse_result(rank, text)
                 elif text.startswith(RANK_EXIT_PREFIX) and self.failed_rank is None:
                     self._parse_rank_exit(rank, text)
+                elif text.startswith("Abort(") and self.failed_rank is None:
+                    self._parse_hydra_abort(rank, text)
                 continue
             if line.startswith(RESULT_PREFIX) and not self._tagged:
                 self._parse_result(-1, line)
             elif line.startswith(RANK_EXIT_PREFIX) and not self._tagged and self.failed_rank is None:
                 self._parse_rank_exit(None, line)  # tag_output: false: the line names its rank itself
+            elif line.startswith("Abort(") and not self._tagged and self.failed_rank is None:
+                self._parse_hydra_abort(None, line)
             self._parse_mpiexec(line)
 
     def _parse_result(self, rank: int, text: str) -> None:
@@ -107,6 +117,14 @@ class OutputTracker:
             self.failed_signal = code - 128
         else:
             self.failed_exit_code = code
+
+    def _parse_hydra_abort(self, rank: int | None, text: str) -> None:
+        """MPICH's or Intel MPI's own line of a rank's MPI_Abort (``HYDRA_ABORTED``): its rank and
+        code. ``rank``: the rank whose tag the line had (None: untagged output)."""
+        found = HYDRA_ABORTED.match(text)
+        if found is None or (rank is not None and int(found.group(2)) != rank):
+            return  # another rank's text that only looks like it
+        self.failed_rank, self.failed_exit_code = int(found.group(2)), int(found.group(1))
 
     def _parse_mpiexec(self, line: str) -> None:
         if any(mark in line for mark in TIMEOUT_MARKS):

@@ -475,8 +475,25 @@ run_master() {
     log "waiting for sshd on ${#RANK_HOSTS[@]} host(s)"
     wait_for_hosts "${RANK_HOSTS[@]}"
   fi
+  if [[ "$MPI_IMPLEMENTATION" == intel && -z "${I_MPI_HYDRA_IFACE:-}" ]] && ((${#RANK_HOSTS[@]})); then
+    intel_upstream_interface "${RANK_HOSTS[0]}"
+  fi
   log "starting mpiexec: ${MPI_NP} rank(s)" # every rank must report within a bounded time of this
   exec "${cmd[@]}"
+}
+
+intel_upstream_interface() { # remote host -> exports I_MPI_HYDRA_IFACE, the interface toward it
+  # Intel MPI's proxies connect back to the launcher by its bare host name (gethostname():
+  # -localhost leaves it alone), which no other pod resolves: only <pod>.<subdomain> is in the
+  # cluster's DNS. Given an interface, it sends them that interface's address instead: the one
+  # the route to the first remote host leaves by. A job's own I_MPI_HYDRA_IFACE is kept.
+  local address dev
+  address=$(getent ahostsv4 "$1" | awk 'NR == 1 { print $1 }') || true
+  [[ -n "$address" ]] || return 0
+  dev=$(ip -o route get "$address" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p') || true
+  if [[ -n "$dev" ]]; then
+    export I_MPI_HYDRA_IFACE="$dev"
+  fi
 }
 
 check_hosts() {

@@ -60,6 +60,26 @@ def test_mpi_abort_rank_and_code() -> None:
     assert (tracker.failed_rank, tracker.failed_exit_code) == (1, 1)
 
 
+HYDRA_ABORT = "Abort(3) on node 2 (rank 2 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 3) - process 2"
+
+
+def test_an_mpi_abort_under_hydra_names_the_rank_and_code_from_the_libraries_own_line() -> None:
+    """MPICH and Intel MPI say it on the aborting rank's stderr (here tagged by the rank wrapper);
+    Hydra then kills the wrapper before its own exit line."""
+    tracker = OutputTracker(np=3)
+    tracker.feed(["[1,2]<stdout>:about to fail", f"[1,2]<stderr>:{HYDRA_ABORT}"])
+    assert (tracker.failed_rank, tracker.failed_exit_code) == (2, 3)
+    untagged = OutputTracker(np=3)  # mpi.tag_output: false
+    untagged.feed(["about to fail", HYDRA_ABORT])
+    assert (untagged.failed_rank, untagged.failed_exit_code) == (2, 3)
+
+
+def test_a_rank_cannot_speak_for_another_ranks_abort() -> None:
+    tracker = OutputTracker(np=3)
+    tracker.feed([f"[1,1]<stderr>:{HYDRA_ABORT}"])
+    assert tracker.failed_rank is None and tracker.failed_exit_code is None
+
+
 def test_timeout_is_recognized() -> None:
     tracker = OutputTracker()
     tracker.feed(["The user-provided time limit for job execution has been reached:"])

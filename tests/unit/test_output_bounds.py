@@ -99,6 +99,7 @@ def test_numbers_of_any_length_never_raise() -> None:
             f"Process name: [[1,0],{HUGE}]",
             f"  Exit code: {HUGE}",
             f"MPI_ABORT was invoked on rank {HUGE} in communicator",
+            f"Abort({HUGE}) on node 1 (rank {HUGE} in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 1)",
             f"process rank {HUGE} with PID 1 on node a exited on signal {HUGE}",
         ]
     )
