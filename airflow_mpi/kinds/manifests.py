@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 from airflow_mpi import contract
@@ -16,7 +15,8 @@ from airflow_mpi.exceptions import SpecError, SpecIssue
 from airflow_mpi.job.naming import LABEL_INDEX, LABEL_JOB, LABEL_PREFIX
 from airflow_mpi.job.plan import JobPlan, PodPlan
 from airflow_mpi.job.ssh import SshMaterial
-from airflow_mpi.spec import Role, RoleSpec, Toleration, Volume, render_cpu
+from airflow_mpi.kinds.tolerations import render_tolerations
+from airflow_mpi.spec import Role, RoleSpec, Volume, render_cpu
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # the Service's uid, known after create
 REDACTED = "<generated per job; not shown>"
@@ -308,45 +308,6 @@ def render_container_security_context(run_as: tuple[int, int] | None) -> Manifes
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-
-
-# The taints the node lifecycle controller puts on a Node that stopped reporting (unreachable)
-# or reports not ready. Kubernetes lets a pod stay 300 s on such a Node by default; an MPI job
-# cannot go on without one Node's ranks, so its pods leave at once. That eviction is also the
-# only word the API gives of a pod that was never Ready when its Node went silent.
-NODE_LOST_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
-
-
-def render_tolerations(tolerations: Sequence[Toleration]) -> list[Manifest]:
-    """The pod's tolerations: the job's own, then each node-lost taint (``NODE_LOST_TAINTS``)
-    tolerated for 0 s, unless one of the job's tolerations already says how long to stay."""
-    rendered = [_toleration(t) for t in tolerations]
-    for taint in NODE_LOST_TAINTS:
-        if not any(_tolerates_no_execute(t, taint) for t in tolerations):
-            rendered.append({"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0})
-    return rendered
-
-
-def _tolerates_no_execute(toleration: Toleration, taint: str) -> bool:
-    """Whether ``toleration`` matches the NoExecute taint ``taint`` (these taints have no value)."""
-    if toleration.operator == "Exists":
-        key_matches = not toleration.key or toleration.key == taint
-    else:
-        key_matches = toleration.key == taint and not toleration.value
-    return key_matches and toleration.effect in (None, "", "NoExecute")
-
-
-def _toleration(toleration: Any) -> Manifest:
-    out: Manifest = {"operator": toleration.operator}
-    for key, value in (
-        ("key", toleration.key),
-        ("value", toleration.value),
-        ("effect", toleration.effect),
-        ("tolerationSeconds", toleration.toleration_seconds),
-    ):
-        if value is not None:
-            out[key] = value
-    return out
 
 
 def render_pod_template(

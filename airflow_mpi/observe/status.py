@@ -32,7 +32,7 @@ FATAL_WAITING_REASONS = frozenset(
 
 
 # A running pod whose Node stopped reporting: the node lifecycle controller turns its Ready
-# condition False (after the Node's grace period, 50 s by default) while the kubelet, gone,
+# condition False (after the Node's grace period, 40 s by default) while the kubelet, gone,
 # still has every container ready. Its ranks are cut off from the job: fail at once.
 NODE_LOST = "NodeNotReady"
 NODE_LOST_MESSAGE = (
@@ -42,8 +42,8 @@ NODE_LOST_MESSAGE = (
 
 
 # A pod the taint eviction controller is deleting from its Node for a NoExecute taint: the Node
-# stopped reporting or is not ready (every job pod leaves such a Node at once:
-# ``kinds.manifests.NODE_LOST_TAINTS``), or an administrator tainted it. A pod never Ready when
+# stopped reporting or is not ready (every job pod leaves such a Node 20 s after:
+# ``kinds.tolerations.NODE_LOST_TAINTS``), or an administrator tainted it. A pod never Ready when
 # its Node went silent gets no other mark; its deletion then waits on a kubelet that may never answer.
 NODE_EVICTED = "DeletionByTaintManager"
 NODE_EVICTED_MESSAGE = (

@@ -197,7 +197,7 @@ class PodSettings:
     """Node labels every pod must match."""
     tolerations: tuple[Toleration, ...] = ()
     """Taints every pod tolerates. Every pod also tolerates a Node that stopped reporting or is
-    not ready (``node.kubernetes.io/unreachable``, ``not-ready``) for 0 s, so a lost Node ends
+    not ready (``node.kubernetes.io/unreachable``, ``not-ready``) for 20 s, so a lost Node ends
     the job at once; a toleration of either taint here replaces that."""
     volumes: tuple[Volume, ...] = ()
     """Volumes mounted into every pod."""

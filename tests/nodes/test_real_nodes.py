@@ -15,10 +15,12 @@ from airflow_mpi.backends.kubernetes import KubernetesBackend
 from airflow_mpi.exceptions import JobFailed, JobTimeout
 from airflow_mpi.job.naming import RunIdentity
 from airflow_mpi.job.plan import JobPlan, render_plan
+from airflow_mpi.kinds.tolerations import NODE_LOST_TOLERATION_SECONDS
 from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, job_objects, run_evicting_a_worker, when_logged
+from tests.cluster.controlplane import wait_for
 from tests.cluster.image import BASE_IMAGE, TRAIN_IMAGE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -159,7 +161,7 @@ def test_a_worker_whose_kubelet_stops_ends_the_job_naming_its_node(
     Node's grace period is over (40 s here) the job ends with the pod and the Node named, not at
     its timeout. While it trains, the node lifecycle controller marks the Ready pod not ready;
     before the kubelet reported it Ready, the taint eviction controller's deletion (the pods
-    tolerate a lost Node 0 s) is the only mark it gets."""
+    tolerate a lost Node 20 s) is the only mark it gets."""
     assert cluster.real is not None
     real = cluster.real
     plan = make_plan(workers=2, command=["python", "-c", TRAINS_FOREVER], timeout=600)
@@ -190,14 +192,27 @@ def test_a_worker_whose_kubelet_stops_ends_the_job_naming_its_node(
         thread.join()
         for node in real.nodes:  # its pods are deleted once it reports again
             real.restart_kubelet(node)
+        # The next test's pods must not land on a Node still marked lost (they would be evicted).
+        wait_for("every Node Ready and untainted again", lambda: every_node_ready_and_untainted(cluster), 180)
     node_name, at, was_ready = stopped[0]
     message = str(caught.value)
     # A pod of the job on that Node named (the scheduler may put another there before the Node's
     # grace period is over), and the Node.
     assert f"pod {plan.job_name}-" in message and f"Node {node_name}" in message, message
-    assert ended - at < 40 + 30, ended - at  # the grace period, then seconds
+    # The Node's grace period, the pods' toleration of a lost Node (before Ready), then seconds.
+    assert ended - at < 40 + NODE_LOST_TOLERATION_SECONDS + 30, ended - at
     if moment == "before Ready":
         assert not was_ready and "NoExecute taint" in message, message
+
+
+def every_node_ready_and_untainted(cluster: Cluster) -> bool:
+    """Every Node reports Ready and carries none of the node lifecycle controller's taints."""
+    for node in cluster.api().get("/api/v1/nodes")["items"]:
+        conditions = node["status"].get("conditions") or []
+        taints = [t for t in node["spec"].get("taints") or [] if t["key"].startswith("node.kubernetes.io/")]
+        if taints or not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            return False
+    return True
 
 
 def test_a_rank_over_its_pods_memory_limit_is_killed_by_the_kernel_and_named(cluster: Cluster, namespace: str) -> None:

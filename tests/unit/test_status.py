@@ -200,7 +200,7 @@ def _evicted(pod: dict[str, Any], reason: str = "DeletionByTaintManager") -> dic
 
 def test_a_pod_never_ready_when_its_node_went_silent_fails_once_the_cluster_evicts_it() -> None:
     """The node lifecycle controller leaves a never-Ready pod's Ready False as it was: the only
-    word is the taint eviction controller's (the job's pods tolerate the node-lost taints 0 s)."""
+    word is the taint eviction controller's (the job's pods tolerate the node-lost taints 20 s)."""
     from airflow_mpi.observe.status import NODE_EVICTED, pod_state_from_k8s, slim_pod
 
     starting = _running_pod("False", [False], "ContainersNotReady")
