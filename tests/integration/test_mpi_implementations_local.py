@@ -172,6 +172,29 @@ def test_intel_mpi_runs_mpi4py_on_three_hosts_and_names_a_failed_rank(backend: L
     assert (error.rank, error.exit_code) == (1, 3), str(error)
 
 
+# A rank in MPI that exits 3: under ``python -m mpi4py`` (how the rank wrapper runs a Python rank)
+# that is an MPI_Abort, and Hydra kills the rank's whole process group at once. Intel MPI's proxy
+# forwards the library's "Abort(3) ... (rank 1 ...)" line first; MPICH 5.0.2's does not (the job
+# still ends within seconds with exit code 3, the rank unnamed).
+ABORTING_RANK = (
+    "import sys, time\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nc.Barrier()\n"
+    "if c.Get_rank() == 1:\n    sys.exit(3)\ntime.sleep(60)\n"
+)
+
+
+def test_a_ranks_mpi_abort_under_intel_mpi_is_named_every_time(backend: LocalBackend) -> None:
+    mpi = {"implementation": "intel", "mpiexec": str(WHEEL_INTEL / "mpiexec")}
+    for _ in range(3):
+        started = time.monotonic()
+        with pytest.raises(JobFailed) as failed:
+            run(
+                backend,
+                make_plan([str(WHEEL_INTEL / "python"), "-c", ABORTING_RANK], mpi=mpi, env=dict(INTEL_BETWEEN_PODS)),
+            )
+        assert time.monotonic() - started < 15, str(failed.value)
+        assert (failed.value.rank, failed.value.exit_code) == (1, 3), str(failed.value)
+
+
 def test_the_watchdog_finds_a_stopped_mpich_rank_and_shows_the_others_stacks(backend: LocalBackend) -> None:
     """Under Hydra the rank wrapper stays its rank's parent: the stacks are the Python rank's
     own all the same, and a stopped rank is named."""

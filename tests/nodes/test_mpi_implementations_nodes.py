@@ -101,3 +101,23 @@ def test_every_rank_on_its_node_then_a_ranks_exit_named(cluster: Cluster, namesp
     # Seconds (teardown included), not the other ranks' 120 s.
     assert ended - log.failing_at < 30, (ended - log.failing_at, text[-3000:])
     assert job_objects(cluster.api(), namespace) == []
+
+
+@pytest.mark.parametrize("mpi", list(IMAGES))
+def test_doctor_names_each_images_mpi_and_version(cluster: Cluster, namespace: str, mpi: str) -> None:
+    """``airflow-mpi doctor --image IMAGE --mpi MPI``: every check passes in each slim image, the
+    launcher named with its version; a job naming another MPI is told before it starts."""
+    from kubernetes import client
+
+    from airflow_mpi.doctor.run import run_image_doctor
+
+    core = client.CoreV1Api(api_client(cluster.kubeconfig))
+    implementation = IMAGES[mpi][0]
+    good = run_image_doctor(core, slim_image(mpi), namespace, timeout=120, mpi=implementation)
+    assert good.ok, "\n".join(good.output)
+    (found,) = [r.detail for r in good.results if r.check == "mpi"]
+    expected = {"openmpi5": "openmpi 5.0.11", "mpich": "mpich 5.0.2", "intel": "intel 2021.17"}[mpi]
+    assert found.startswith(expected), found
+    other = "mpich" if implementation != "mpich" else "openmpi"
+    wrong = run_image_doctor(core, slim_image(mpi), namespace, timeout=120, mpi=other)
+    assert not wrong.ok and any(r.check == "mpi" and r.failed for r in wrong.results), "\n".join(wrong.output)
