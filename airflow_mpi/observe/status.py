@@ -193,11 +193,9 @@ def _node_lost(phase: PodPhase, ready: Mapping[str, Any] | None, containers: Seq
 
 def _evicted_by_taint(phase: PodPhase, disruption: Mapping[str, Any] | None) -> bool:
     """The taint eviction controller's mark on a pod it is about to delete (``NODE_EVICTED``)."""
-    return (
-        phase in (PodPhase.PENDING, PodPhase.RUNNING)
-        and (disruption or {}).get("status") == "True"
-        and (disruption or {}).get("reason") == NODE_EVICTED
-    )
+    mark = disruption or {}
+    going = phase in (PodPhase.PENDING, PodPhase.RUNNING)
+    return going and mark.get("status") == "True" and mark.get("reason") == NODE_EVICTED
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ class Cluster:
                 self.timings.update(self.real.timings)
             else:
                 self._start_node_agent()
-            self._wait_nodes_ready()
+            self.wait_nodes_ready()
             self._wait_default_service_account()
             self.timings["cluster"] = time.monotonic() - t0
         except BaseException:
@@ -124,7 +124,8 @@ class Cluster:
         except FileNotFoundError:
             return ""
 
-    def _wait_nodes_ready(self) -> None:
+    def wait_nodes_ready(self, timeout: float = 90) -> None:
+        """Until every Node reports Ready and carries none of the node lifecycle controller's taints."""
         api = self.api()
 
         def ready() -> bool:
@@ -136,7 +137,7 @@ class Cluster:
             ]  # fmt: skip
             return len(ok) >= self.node_count
 
-        wait_for("Nodes Ready and untainted", ready, 90, self.agent)
+        wait_for("Nodes Ready and untainted", ready, timeout, self.agent)
 
     def _wait_default_service_account(self) -> None:
         api = self.api()

@@ -20,7 +20,6 @@ from airflow_mpi.runner.job import JobRunner
 from airflow_mpi.spec import MPIJobSpec
 from tests.cluster.cluster import Cluster
 from tests.cluster.conftest import TRAINS_FOREVER, Log, api_client, job_objects, run_evicting_a_worker, when_logged
-from tests.cluster.controlplane import wait_for
 from tests.cluster.image import BASE_IMAGE, TRAIN_IMAGE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -193,7 +192,7 @@ def test_a_worker_whose_kubelet_stops_ends_the_job_naming_its_node(
         for node in real.nodes:  # its pods are deleted once it reports again
             real.restart_kubelet(node)
         # The next test's pods must not land on a Node still marked lost (they would be evicted).
-        wait_for("every Node Ready and untainted again", lambda: every_node_ready_and_untainted(cluster), 180)
+        cluster.wait_nodes_ready(180)
     node_name, at, was_ready = stopped[0]
     message = str(caught.value)
     # A pod of the job on that Node named (the scheduler may put another there before the Node's
@@ -203,16 +202,6 @@ def test_a_worker_whose_kubelet_stops_ends_the_job_naming_its_node(
     assert ended - at < 40 + NODE_LOST_TOLERATION_SECONDS + 30, ended - at
     if moment == "before Ready":
         assert not was_ready and "NoExecute taint" in message, message
-
-
-def every_node_ready_and_untainted(cluster: Cluster) -> bool:
-    """Every Node reports Ready and carries none of the node lifecycle controller's taints."""
-    for node in cluster.api().get("/api/v1/nodes")["items"]:
-        conditions = node["status"].get("conditions") or []
-        taints = [t for t in node["spec"].get("taints") or [] if t["key"].startswith("node.kubernetes.io/")]
-        if taints or not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-            return False
-    return True
 
 
 def test_a_rank_over_its_pods_memory_limit_is_killed_by_the_kernel_and_named(cluster: Cluster, namespace: str) -> None:
