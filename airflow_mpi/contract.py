@@ -116,8 +116,9 @@ CONFIG_LAUNCH = "launch.sh"
 CONFIG_ARGS = "mpiexec.args"
 CONFIG_HOSTFILE = "hostfile"
 CONFIG_SITECUSTOMIZE = "sitecustomize.py"  # line-buffered Python ranks (on PYTHONPATH)
+CONFIG_PYTHON_RANK = "python_rank.py"  # runs a Python rank under Hydra (docs/contract.md#rank-exit)
 # The names above are the product's own; a spec's ``files`` may not take them.
-CONFIG_OWN_FILES = frozenset({CONFIG_LAUNCH, CONFIG_ARGS, CONFIG_HOSTFILE, CONFIG_SITECUSTOMIZE})
+CONFIG_OWN_FILES = frozenset({CONFIG_LAUNCH, CONFIG_ARGS, CONFIG_HOSTFILE, CONFIG_SITECUSTOMIZE, CONFIG_PYTHON_RANK})
 # Kubernetes stores a ConfigMap's data in at most 1 MiB. The product's own files take at most
 # CONFIG_OWN_RESERVE of it; a spec's ``files`` get the rest, on both backends alike.
 CONFIG_MAX_BYTES = 1024 * 1024

@@ -16,7 +16,7 @@ from airflow_mpi.job.mpirun import build_mpiexec_argv, build_mpiexec_tail, rende
 from airflow_mpi.job.naming import RunIdentity, build_host_name, build_job_labels, build_job_name, build_pod_labels
 from airflow_mpi.job.ssh import SshMaterial, build_ssh_material, render_ssh_files
 from airflow_mpi.job.topology import Topology, build_job_env, build_pod_env, build_topology, render_hostfile
-from airflow_mpi.scripts import launch_script_text, rank_sitecustomize_text
+from airflow_mpi.scripts import launch_script_text, python_rank_text, rank_sitecustomize_text
 from airflow_mpi.spec import HostsMode, MPIJobSpec, Role
 from airflow_mpi.spec.mpiexec_args import OPEN_MPI
 
@@ -111,6 +111,7 @@ def render_plan(
         contract.CONFIG_LAUNCH: launch_script if launch_script is not None else launch_script_text(),
         contract.CONFIG_ARGS: render_args_file(spec, tail, paths, tail_open_mpi_5),
         contract.CONFIG_SITECUSTOMIZE: rank_sitecustomize_text(),
+        contract.CONFIG_PYTHON_RANK: python_rank_text(),
     }
     if spec.hosts_mode is HostsMode.HOSTFILE and not paths.controller_hostfile:
         config_files[contract.CONFIG_HOSTFILE] = render_hostfile(topology)

@@ -1,5 +1,6 @@
-"""The in-pod launch script and the ranks' sitecustomize, shipped as package data (the ConfigMap
-and the image carry them); the doctor's checks, which run beside them but are not a job's."""
+"""The in-pod launch script, the ranks' sitecustomize and Python runner, shipped as package data
+(the ConfigMap carries them, the image the launch script); the doctor's checks, which run beside
+them but are not a job's."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def doctor_script_text() -> str:
 def rank_sitecustomize_text() -> str:
     """Python ranks load it first: line-buffered stdout/stderr (whole lines in the log)."""
     return files(__package__).joinpath("sitecustomize.py").read_text(encoding="utf-8")
+
+
+@cache
+def python_rank_text() -> str:
+    """Under Hydra, a Python rank runs through it: a failed rank exits with its code, no MPI_Abort."""
+    return files(__package__).joinpath("python_rank.py").read_text(encoding="utf-8")
 
 
 @cache

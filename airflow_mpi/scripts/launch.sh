@@ -568,6 +568,8 @@ run_rank() {
 
   # A Python rank that has imported mpi4py hangs in MPI_Finalize when it exits non-zero or
   # raises; under "python -m mpi4py" it calls MPI_Abort and the whole job ends within seconds.
+  # Under Hydra, python_rank.py runs it the same way but exits with the code instead: Hydra's
+  # answer to MPI_Abort kills this wrapper before it can name the rank (run_rank_command).
   if [[ "${1##*/}" =~ ^python[0-9.]*$ ]]; then
     local python="$1"
     shift
@@ -582,6 +584,9 @@ run_rank() {
     done
     if [[ "${1:-}" == -m && "${2:-}" == mpi4py ]] || ! "$python" -c 'import mpi4py' 2>/dev/null; then
       run_rank_command "$rank" "$python" "${pre[@]}" "$@"
+    fi
+    if [[ "${AIRFLOW_MPI_ABORT_ON_EXIT:-0}" == 1 && -f "$CONFIG_DIR/python_rank.py" ]]; then
+      run_rank_command "$rank" "$python" "${pre[@]}" "$CONFIG_DIR/python_rank.py" "$@"
     fi
     run_rank_command "$rank" "$python" "${pre[@]}" -m mpi4py "$@"
   fi

@@ -5,9 +5,10 @@ its arguments as JSON). Standard library only, and no syntax newer than Python 3
 the image's Python, which need not be Airflow's.
 
 As ``python -m mpi4py`` does, an exception on one rank aborts every rank (``MPI_Abort`` when
-mpi4py has initialised MPI; otherwise the nonzero exit makes mpiexec end the job), after printing
-that rank's traceback. Rank 0 prints its return value as one ``AIRFLOW_MPI_RESULT <json>`` line;
-a value JSON cannot hold, or one over the result limit, fails the job with a message naming it.
+mpi4py has initialised MPI under Open MPI; otherwise the nonzero exit makes mpiexec, or under
+Hydra the rank wrapper, end the job and name the rank), after printing that rank's traceback.
+Rank 0 prints its return value as one ``AIRFLOW_MPI_RESULT <json>`` line; a value JSON cannot
+hold, or one over the result limit, fails the job with a message naming it.
 """
 
 from __future__ import annotations
@@ -111,13 +112,15 @@ def print_failure(error: BaseException) -> None:
 
 def abort(code: int) -> None:
     """End every rank: MPI_Abort if this process initialised MPI (the others may wait in a
-    collective for it), else exit nonzero (mpiexec then ends the job)."""
+    collective for it), else exit nonzero (mpiexec then ends the job). Not MPI_Abort under Hydra
+    (MPICH, Intel MPI): its answer kills the rank wrapper, which ends the job naming the rank."""
     sys.stdout.flush()
     sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    hydra = os.environ.get("AIRFLOW_MPI_ABORT_ON_EXIT") == "1"  # the wrapper ends the job
+    if mpi is not None and not hydra and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.COMM_WORLD.Abort(code)
-    os._exit(code)
+    os._exit(code & 0xFF or 1)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from airflow_mpi.backends.local import LocalBackend
+from airflow_mpi.decorators.taskflow import FunctionCall, build_taskflow_files, function_source, runner_command
 from airflow_mpi.exceptions import JobFailed, JobTimeout
 from tests.integration.test_hangs_local import hung, stack_blocks, training
 from tests.integration.test_local_backend import Log, make_plan, run
@@ -172,27 +173,68 @@ def test_intel_mpi_runs_mpi4py_on_three_hosts_and_names_a_failed_rank(backend: L
     assert (error.rank, error.exit_code) == (1, 3), str(error)
 
 
-# A rank in MPI that exits 3: under ``python -m mpi4py`` (how the rank wrapper runs a Python rank)
-# that is an MPI_Abort, and Hydra kills the rank's whole process group at once. Intel MPI's proxy
-# forwards the library's "Abort(3) ... (rank 1 ...)" line first; MPICH 5.0.2's does not (the job
-# still ends within seconds with exit code 3, the rank unnamed).
+# A Python rank in MPI that fails: under ``python -m mpi4py`` that would be an MPI_Abort, which
+# Hydra answers by killing the rank's whole process group, the rank wrapper too, before it names
+# the rank (and MPICH 5.0.2's proxy drops the library's own line). The wrapper runs such a rank
+# through python_rank.py instead: it exits with the code, and the wrapper names it every time.
 ABORTING_RANK = (
     "import sys, time\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nc.Barrier()\n"
-    "if c.Get_rank() == 1:\n    sys.exit(3)\ntime.sleep(60)\n"
+    "if c.Get_rank() == 1:\n    print('about to fail', flush=True)\n    FAIL\ntime.sleep(60)\n"
 )
 
 
-def test_a_ranks_mpi_abort_under_intel_mpi_is_named_every_time(backend: LocalBackend) -> None:
-    mpi = {"implementation": "intel", "mpiexec": str(WHEEL_INTEL / "mpiexec")}
-    for _ in range(3):
+@pytest.mark.parametrize(
+    ("launcher", "failure", "code"),
+    [
+        ("intel", "sys.exit(3)", 3),
+        ("mpich", "sys.exit(3)", 3),
+        ("mpich", "sys.exit(259)", 3),
+        ("mpich", "raise ValueError('bad batch')", 1),
+    ],
+)
+def test_a_python_rank_failing_in_mpi_is_named_every_time(
+    backend: LocalBackend, launcher: str, failure: str, code: int
+) -> None:
+    bin_dir, mpi, env = (
+        (WHEEL_INTEL, {"implementation": "intel"}, INTEL_BETWEEN_PODS)
+        if launcher == "intel"
+        else (WHEEL_MPICH, {"implementation": "mpich"}, UCX_BETWEEN_PODS)
+    )
+    command = [str(bin_dir / "python"), "-c", ABORTING_RANK.replace("FAIL", failure)]
+    for _ in range(2):
         started = time.monotonic()
         with pytest.raises(JobFailed) as failed:
-            run(
-                backend,
-                make_plan([str(WHEEL_INTEL / "python"), "-c", ABORTING_RANK], mpi=mpi, env=dict(INTEL_BETWEEN_PODS)),
-            )
-        assert time.monotonic() - started < 15, str(failed.value)
-        assert (failed.value.rank, failed.value.exit_code) == (1, 3), str(failed.value)
+            run(backend, make_plan(command, mpi={**mpi, "mpiexec": str(bin_dir / "mpiexec")}, env=dict(env)))
+        error = failed.value
+        assert time.monotonic() - started < 15, str(error)
+        assert (error.rank, error.exit_code) == (1, code), str(error)
+        assert "about to fail" in error.tail, error.tail
+        if failure.startswith("raise"):  # the traceback Python prints, then the exit
+            assert "ValueError: bad batch" in error.tail, error.tail
+
+
+def test_a_task_mpi_function_raising_in_mpi_under_mpich_is_named(backend: LocalBackend) -> None:
+    """A @task.mpi function's runner ends a failed rank itself: not by MPI_Abort under Hydra."""
+    lines = [
+        "def train(data):\n",
+        "    from mpi4py import MPI\n",
+        "    MPI.COMM_WORLD.Barrier()\n",
+        "    if MPI.COMM_WORLD.Get_rank() == 2:\n",
+        "        raise ValueError('bad batch in ' + data)\n",
+        "    import time; time.sleep(60)\n",
+    ]
+    call = FunctionCall(function_source("train", lines, 10, "/dags/pipeline.py"), ["/data"], {})
+    plan = make_plan(
+        runner_command(str(WHEEL_MPICH / "python")),
+        files=build_taskflow_files(call),
+        **mpich(str(WHEEL_MPICH / "mpiexec"), env=dict(UCX_BETWEEN_PODS)),
+    )
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as failed:
+        run(backend, plan)
+    assert time.monotonic() - started < 15, str(failed.value)
+    assert (failed.value.rank, failed.value.exit_code) == (2, 1), str(failed.value)
+    assert "ValueError: bad batch in /data" in failed.value.tail, failed.value.tail
 
 
 def test_the_watchdog_finds_a_stopped_mpich_rank_and_shows_the_others_stacks(backend: LocalBackend) -> None:

