@@ -403,6 +403,17 @@ wait_for_hosts() { # host...: every host accepts an ssh login, or exit 1 with a 
   done
 }
 
+# The sshd this script has just started takes connections once it listens: a TCP connect says
+# so in a millisecond, where an ssh login takes a key exchange (~0.1 s). The workers' logins have
+# checked the job's key already, against the same authorized_keys.
+wait_for_own_sshd() { # host
+  local port="${AIRFLOW_MPI_SSH_PORT:-22}" deadline=$((SECONDS + 30))
+  until (exec 3<>"/dev/tcp/$1/$port") 2>/dev/null; do
+    ((SECONDS < deadline)) || die "this pod's own sshd did not listen on $1:$port within 30s (see $RUNTIME_DIR/sshd.log)"
+    sleep 0.02
+  done
+}
+
 wait_for_own_names() { # name...: each resolves, or exit 1 naming it
   # mpiexec tells its own host from a remote one by the name's address. A name the cluster DNS
   # does not serve yet (a headless Service's record comes a moment after the pod is Ready) makes
@@ -460,9 +471,9 @@ run_master() {
   "$SSHD" "${SSHD_ENV_ARGS[@]}" -D -e -f "$SSH_DIR/sshd_config" 2>>"$RUNTIME_DIR/sshd.log" &
   wait_for_own_names "${SELF_HOSTS[@]}"
   # Hydra may still ssh to this very pod (Debian's MPICH 4.0 did, -localhost or not, when its
-  # name's address did not look local to it): this pod's own sshd must answer first too.
+  # name's address did not look local to it): this pod's own sshd must listen first too.
   if [[ "$MPI_IMPLEMENTATION" != openmpi ]] && ((${#SELF_HOSTS[@]})); then
-    wait_for_hosts "${SELF_HOSTS[0]}"
+    wait_for_own_sshd "${SELF_HOSTS[0]}"
   fi
   local verdict=check-hosts
   if [[ "${AIRFLOW_MPI_START_GATE:-}" == stdin ]]; then # started with the workers: wait for the word
