@@ -131,6 +131,18 @@ class StackBackend(Backend, Protocol):
 
 
 @runtime_checkable
+class NoticeBackend(Backend, Protocol):
+    """A backend that can tell a running job's ranks that their pods are about to go (the task is
+    being killed): each pod runs ``launch.sh notice``, which sends every rank process SIGTERM,
+    and the backend gives them the job's ``termination_grace`` to save and end before teardown.
+    (On Kubernetes a pod's deletion is the notice: the kubelet signals it.)"""
+
+    def give_notice(self, job_name: str, grace: float) -> list[str]:
+        """Each running pod's ``AIRFLOW_MPI_NOTICE`` line; returns once the master has ended, or
+        after ``grace`` seconds. Never raises for one pod."""
+
+
+@runtime_checkable
 class PlanningBackend(Backend, Protocol):
     """A backend whose controller fixes names or paths of the pods (mpi-operator names the master
     ``<job>-launcher`` and mounts its own files at ``/etc/mpi``): it renders the plan itself, so

@@ -35,6 +35,7 @@ from airflow_mpi import contract
 from airflow_mpi.backends import sandbox as sandboxes
 from airflow_mpi.backends.local_checks import build_owner, check_supported, collision_problem
 from airflow_mpi.backends.local_checks import check_prerequisites as check_prerequisites
+from airflow_mpi.backends.pod_exec import run_in_pods, running_pods
 from airflow_mpi.backends.processes import netns_list
 from airflow_mpi.backends.sandbox import Sandbox
 from airflow_mpi.backends.sandbox_pod import Mount
@@ -372,26 +373,28 @@ class LocalBackend:
     def take_stacks(self, job_name: str, wait: int) -> tuple[dict[str, str], dict[str, str]]:
         """``launch.sh stacks`` in every running pod at once, entered as root (``Sandbox.run_in``)."""
         sandbox = self._sandbox(job_name)
+        argv = stacks_command(self._launch_script(job_name), wait)
+        return run_in_pods(sandbox, running_pods(sandbox), argv, timeout=wait + 10)
+
+    def give_notice(self, job_name: str, grace: float) -> list[str]:
+        """``launch.sh notice`` in every running pod at once, then up to ``grace`` seconds for the
+        master to end: mpiexec ends once its ranks have saved and exited (or one's exit aborts
+        the rest). Nothing to wait for when no rank was running."""
+        sandbox = self._sandbox(job_name)
+        argv = ["bash", self._launch_script(job_name), "notice"]
+        outputs, errors = run_in_pods(sandbox, running_pods(sandbox), argv, timeout=10)
+        lines = [line for text in outputs.values() for line in text.splitlines() if line.strip()]
+        lines += [f"notice to pod {pod} failed: {why}" for pod, why in sorted(errors.items())]
+        master = next((n for n, p in sandbox.pods.items() if p.meta.get("role") == Role.MASTER.value), None)
+        signalled = any(not line.endswith("ranks=") for line in lines if line.startswith("AIRFLOW_MPI_NOTICE"))
+        deadline = time.monotonic() + grace
+        while signalled and master is not None and sandbox.exit_code(master) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return lines
+
+    def _launch_script(self, job_name: str) -> str:
         plan = self._plans.get(job_name)
-        argv = stacks_command((plan.paths if plan is not None else contract.DEFAULT_PATHS).launch_script, wait)
-        running = [pod for pod in sandbox.pods if sandbox.started(pod) and sandbox.exit_code(pod) is None]
-        outputs: dict[str, str] = {}
-        errors: dict[str, str] = {}
-
-        def ask(pod: str) -> None:
-            try:
-                done = sandbox.run_in(pod, argv, timeout=wait + 10)
-            except (LaunchError, OSError, subprocess.SubprocessError) as error:
-                errors[pod] = str(error)
-                return
-            if done.returncode != 0:
-                errors[pod] = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-            outputs[pod] = done.stdout
-
-        if running:
-            with ThreadPoolExecutor(max_workers=min(32, len(running))) as pool:
-                list(pool.map(ask, running))
-        return outputs, errors
+        return (plan.paths if plan is not None else contract.DEFAULT_PATHS).launch_script
 
     # --- teardown -------------------------------------------------------------------------
 

@@ -252,7 +252,7 @@ class MPIJobOperator(BaseOperator):
 
     def on_kill(self) -> None:
         if self._runner is not None:
-            left = self._runner.teardown()
+            left = self._runner.teardown(notice=True)
             self.log.info(
                 "task killed: MPI job %s removed%s", self._runner.job_name, f" (left: {left})" if left else ""
             )

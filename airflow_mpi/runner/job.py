@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_mpi import events
-from airflow_mpi.backends.base import Backend, QueueAwareBackend, StackBackend
+from airflow_mpi.backends.base import Backend, NoticeBackend, QueueAwareBackend, StackBackend
 from airflow_mpi.events import JobEvent, outcome_of
 from airflow_mpi.exceptions import (
     BackendRequestFailed,
@@ -169,14 +169,18 @@ class JobRunner:
                 return
         self.backend.wait_for_change(self.job_name, seconds)  # the log ended (e.g. the master was deleted)
 
-    def teardown(self, error: BaseException | None = None) -> list[str]:
+    def teardown(self, error: BaseException | None = None, *, notice: bool = False) -> list[str]:
         """Delete the job's pods and objects (once, from whichever path gets here first). Never
         raises: what could not be deleted (or checked) is returned, logged, and noted on the
-        ``error`` that ends the task, if any, so the cause stays the task's error."""
+        ``error`` that ends the task, if any, so the cause stays the task's error. ``notice``
+        (the task is being killed): first every rank gets SIGTERM and ``termination_grace``
+        seconds to save, where the backend can tell them."""
         with self._teardown_lock:
             if self._torn_down:
                 return []
             self._torn_down = True
+            if notice:
+                self._give_notice()
             try:
                 self.backend.teardown(self.job_name)
                 left = self.backend.leftovers(self.job_name)
@@ -189,6 +193,24 @@ class JobRunner:
                 if error is not None:
                     add_note(error, f"teardown of MPI job {self.job_name} left: {'; '.join(left)}")
             return left
+
+    def _give_notice(self) -> None:
+        grace = self.plan.spec.termination_grace
+        if grace <= 0 or not isinstance(self.backend, NoticeBackend):
+            return
+        started = time.monotonic()
+        try:
+            lines = self.backend.give_notice(self.job_name, grace)
+        except Exception as failure:  # the teardown that follows removes the job all the same
+            log.warning("could not give MPI job %s's ranks notice: %s", self.job_name, failure)
+            return
+        for line in lines:
+            log.info("%s", line)
+        log.info(
+            "MPI job %s: ranks given SIGTERM and up to %ss to save; %.1fs later, removing the job. Its last lines:\n%s",
+            self.job_name, grace, time.monotonic() - started,
+            "\n".join(self.backend.pod_log_tail(self.job_name, self.plan.master.name, lines=10)),
+        )  # fmt: skip
 
     def _mark(self, phase: str) -> None:
         self.marks[phase] = time.time()

@@ -14,6 +14,8 @@
 #   launch.sh check-hosts   one ssh login to every rank host, with a reason per failing host
 #   launch.sh stacks [SEC]  every Python rank process of this pod dumps its threads' stacks; waits
 #                           up to SEC seconds (default 5) and prints them, or why one did not answer
+#   launch.sh notice        every rank process of this pod gets SIGTERM: the pod is about to go,
+#                           and its ranks have the job's termination_grace to save
 #
 # With AIRFLOW_MPI_LAUNCH_LIBRARY=1 it only defines its functions: doctor.sh (airflow-mpi doctor,
 # which is not part of a job) runs after it and checks an image with the same sshd and probe.
@@ -611,9 +613,15 @@ run_rank() {
 run_rank_command() { # rank CMD...: exec CMD, or under Hydra run it and end the job if it fails
   local rank="$1" code=0
   shift
-  [[ "${AIRFLOW_MPI_ABORT_ON_EXIT:-0}" == 1 ]] || exec "$@"
-  "$@" || code=$?
-  if ((code)); then
+  if [[ "${AIRFLOW_MPI_ABORT_ON_EXIT:-0}" != 1 ]]; then
+    register_rank "$rank"
+    exec "$@"
+  fi
+  (
+    register_rank "$rank"
+    exec "$@"
+  ) || code=$?
+  if ((code)) && [[ ! -e "$RUNTIME_DIR/notice" ]]; then # (after a notice the others are saving)
     printf 'AIRFLOW_MPI_RANK_EXIT rank=%s code=%s host=%s\n' "$rank" "$code" "${HOSTNAME%%.*}" >&2
     exec >&- 2>&- # the taggers see the end, print what is left and exit
     wait || true
@@ -621,6 +629,16 @@ run_rank_command() { # rank CMD...: exec CMD, or under Hydra run it and end the 
     kill -KILL "$PPID" 2>/dev/null || true
   fi
   exit "$code"
+}
+
+# Every rank process registers in $RUNTIME_DIR/ranks/<pid> (this pod's PID namespace's number),
+# with its rank and start time, just before the shell becomes the rank's command (exec keeps
+# both): `launch.sh notice` finds it there, and a reused pid does not match the start time.
+register_rank() { # rank: for this shell ($BASHPID), about to exec the rank's command
+  local pid="$BASHPID" start # (not inside $(...), whose own pid $BASHPID would be)
+  start="$(process_start "$pid")"
+  [[ -n "$start" ]] || return 0
+  { mkdir -p "$RUNTIME_DIR/ranks" && printf '%s %s\n' "$1" "$start" >"$RUNTIME_DIR/ranks/$pid"; } 2>/dev/null || true
 }
 
 # The rank's stdout and stderr each through a tagger: "[1,RANK]<stdout>:" or "<stderr>:" before
@@ -655,7 +673,7 @@ tag_lines() { # tag (digits and [,]<>: only)
 # S: answered; stopped (no answer, the process is stopped, e.g. SIGSTOP); silent (no answer in
 # time: stuck outside Python, e.g. in the kernel); uncaught (not signalled: no handler any more).
 # Asked as root (the local backend enters a pod as root) in a pod whose runtime directory the
-# job's user owns, it runs again as that user (stacks_as_owner): the user could have planted a
+# job's user owns, it runs again as that user (as_runtime_owner): the user could have planted a
 # symbolic link there, and root would read, delete or signal through it.
 STACK_BYTES=65536 # of one process's dump shown
 
@@ -663,7 +681,7 @@ take_stacks() {
   local wait="${1:-5}" dir="$RUNTIME_DIR/stacks" me="${HOSTNAME%%.*}" file name rank pid i state size
   local -a files=() ranks=() pids=() before=() states=() last=()
   require_count seconds "$wait"
-  stacks_as_owner "$wait"
+  as_runtime_owner stacks "$wait"
   shopt -s nullglob
   for file in "$dir"/rank-*.*; do
     name="${file##*/rank-}"
@@ -717,17 +735,17 @@ take_stacks() {
   done
 }
 
-stacks_as_owner() { # seconds: as root, exec `stacks` again as the user owning the runtime dir
+as_runtime_owner() { # subcommand [arg...]: as root, exec it again as the user owning the runtime dir
   ((EUID == 0)) || return 0
   local path owner group
-  for path in "$RUNTIME_DIR" "$RUNTIME_DIR/stacks"; do
+  for path in "$RUNTIME_DIR" "$RUNTIME_DIR/stacks" "$RUNTIME_DIR/ranks"; do
     [[ -e "$path" || -L "$path" ]] || continue
     read -r owner group < <(stat -c '%u %g' -- "$path") # a link's own owner: stat without -L
     ((owner != 0)) || continue
-    command -v setpriv >/dev/null || die "stacks: $path is uid $owner's, so root will not act in it; install setpriv (util-linux) to ask as that user"
+    command -v setpriv >/dev/null || die "$1: $path is uid $owner's, so root will not act in it; install setpriv (util-linux) to ask as that user"
     # shellcheck disable=SC2093 # exec on purpose: the first path another user owns decides
     exec setpriv --reuid "$owner" --regid "$group" --clear-groups --no-new-privs --inh-caps=-all \
-      --bounding-set=-all -- bash "${BASH_SOURCE[0]}" stacks "$1"
+      --bounding-set=-all -- bash "${BASH_SOURCE[0]}" "$@"
   done
 }
 
@@ -740,6 +758,42 @@ caught_usr2() { # pid: whether it has a handler for SIGUSR2 (signal 12: bit 11 o
     fi
   done <"/proc/$1/status"
   return 1
+}
+
+process_start() { # pid: its start time (field 22 of /proc/PID/stat, clock ticks since boot), or nothing
+  local stat
+  local -a fields
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 0
+  read -r -a fields <<<"${stat##*) }" # from field 3 (state) on: field 22 is index 19
+  printf '%s' "${fields[19]:-}"
+}
+
+# --- notice ----------------------------------------------------------------------------------
+
+# The pod is about to be taken (its task was killed, a preemption, a drain): every rank process
+# registered in this pod that still runs gets SIGCONT (a stopped one could not act on the next)
+# and SIGTERM, the signal a training script saves a checkpoint on. Nothing waits here: whoever
+# gives the notice waits the job's termination_grace, then removes the pod. Prints one line,
+# `AIRFLOW_MPI_NOTICE host=<pod> ranks=<R,R,...>` (the ranks signalled; empty when none ran).
+# As root in a pod whose runtime directory the job's user owns, it runs as that user, as stacks
+# does: a planted file could otherwise name any process of the pod.
+give_notice() {
+  local me="${HOSTNAME%%.*}" file pid rank start
+  local -a signalled=()
+  as_runtime_owner notice
+  : >"$RUNTIME_DIR/notice" 2>/dev/null || true # under Hydra a rank's exit then ends no one else
+  for file in "$RUNTIME_DIR"/ranks/*; do
+    [[ -f "$file" && ! -L "$file" ]] || continue
+    pid="${file##*/}"
+    [[ "$pid" =~ ^[0-9]+$ ]] || continue
+    read -r rank start <"$file" || continue
+    [[ -n "$start" && "$(process_start "$pid")" == "$start" ]] || continue
+    kill -CONT "$pid" 2>/dev/null || true
+    if kill -TERM "$pid" 2>/dev/null; then
+      signalled+=("$rank")
+    fi
+  done
+  printf 'AIRFLOW_MPI_NOTICE host=%s ranks=%s\n' "$me" "$(IFS=,; printf '%s' "${signalled[*]}")"
 }
 
 process_state() { # pid: the one-letter state of /proc/PID/stat (R, S, D, T, ...), or ? when gone
@@ -761,6 +815,9 @@ main() {
     stacks)
       take_stacks "${2:-5}"
       ;;
+    notice)
+      give_notice
+      ;;
     check-hosts)
       require_env GJ_TRAINING_POD_NAME GJ_TRAINING_VC_JOB_NAME GJ_TRAINING_MASTER_CPU_LIMIT \
         GJ_TRAINING_MASTER_GPU_LIMIT GJ_TRAINING_MASTER_REPLICAS GJ_TRAINING_WORKER_CPU_LIMIT \
@@ -779,7 +836,7 @@ main() {
         *) die "GJ_TRAINING_ROLE=$GJ_TRAINING_ROLE is neither master nor worker" ;;
       esac
       ;;
-    *) die "unknown command '$1' (use: rank CMD..., check-hosts, stacks [SECONDS], or no argument)" ;;
+    *) die "unknown command '$1' (use: rank CMD..., check-hosts, stacks [SECONDS], notice, or no argument)" ;;
   esac
 }
 

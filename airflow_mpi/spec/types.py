@@ -259,6 +259,9 @@ class MPIJobSpec:
     """Seconds the training may run: ``mpiexec --timeout`` and a kill from the task's side."""
     startup_timeout: int = 300
     """Seconds for the pods to start and every sshd to answer (after admission, with a gang)."""
+    termination_grace: int = 30
+    """Seconds every rank has to save after the notice (SIGTERM) that its pod is about to go, e.g.
+    when the task is killed, before it is killed. 0: no notice."""
     progress_timeout: int | None = None
     """Seconds of silence after which the job is judged hung: no rank printed a line for that long
     (or, with ``progress_pattern``, a rank that prints progress lines stopped while others go on).

@@ -48,6 +48,7 @@ MAX_WORKERS = 1000
 MAX_GPUS = 64
 MAX_CPU_CORES = 4096
 MAX_TIMEOUT = 366 * 24 * 3600  # seconds
+MAX_TERMINATION_GRACE = 3600  # seconds: a save that takes longer belongs in the training loop
 
 
 def collect_spec_issues(spec: MPIJobSpec, skip: frozenset[str] = frozenset()) -> list[SpecIssue]:
@@ -359,6 +360,14 @@ def _check_job_settings(spec: MPIJobSpec) -> list[SpecIssue]:
                 "startup_timeout",
                 f"is {spec.startup_timeout}",
                 f"give seconds for pods and sshd to start, e.g. 300 (1 to {MAX_TIMEOUT})",
+            )
+        )
+    if not 0 <= spec.termination_grace <= MAX_TERMINATION_GRACE:
+        issues.append(
+            SpecIssue(
+                "termination_grace",
+                f"is {spec.termination_grace}",
+                f"give the seconds a rank has to save after SIGTERM, e.g. 30 (0 to {MAX_TERMINATION_GRACE})",
             )
         )
     issues += _check_progress(spec)

@@ -57,6 +57,8 @@ SPECS: list[Bad] = [
     Bad("np a billion", ("mpi.np",), "at most 65536", {"mpi": {"np": 10**9, "oversubscribe": True}}),
     Bad("cpu beyond any node", ("master.cpu",), "at most 4096", {"master": {"cpu": "100000"}}),
     Bad("negative startup timeout", ("startup_timeout",), "seconds", {"startup_timeout": -1}),
+    Bad("negative termination grace", ("termination_grace",), "seconds a rank has to save", {"termination_grace": -1}),
+    Bad("a termination grace over an hour", ("termination_grace",), "0 to 3600", {"termination_grace": 7200}),
     # names
     Bad("name starts with a dash", ("name",), "DNS-1123", {"name": "-train"}),
     Bad("name too long", ("name",), "at most", {"name": "n" * 60, "workers": {"replicas": 2}}),
