@@ -13,6 +13,11 @@ directory is the run's own, so a retry finds its own run's checkpoints and never
 Each epoch's sample order depends only on ``--seed``, the rank and the epoch, so a resumed run
 trains on what an unbroken one would have.
 
+SIGTERM is the notice that the pods are about to go (the task was killed, the job preempted):
+the ranks agree on a step boundary (every ``--notice-every`` steps they ask one another), save
+there (``epoch<E>-step<S>``: E whole epochs and S steps of the next) and exit 143, so the next
+start goes on from that very step and no step is lost.
+
 Rank 0 writes the trained weights to the data directory, as ``model.pt`` (torch's format) and
 ``model.npz`` (plain arrays, which a task reads with numpy alone: an Airflow worker's image need not
 carry torch), and prints its metrics on a line starting with ``AIRFLOW_MPI_RESULT`` (the operator
@@ -25,7 +30,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +42,8 @@ LATEST = "latest"
 # world size that wrote it (a resume needs as many ranks) and each file's size. An epoch without
 # it, or whose files differ from it, is torn and is never resumed from.
 COMPLETE = "COMPLETE.json"
+# The exit code of a rank that saved on the notice: 128 + SIGTERM, as if the signal had ended it.
+SAVED_ON_NOTICE = 143
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,7 +56,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoints", help="checkpoint directory, shared by every rank (default: DATA/checkpoints)")
-    parser.add_argument("--keep-checkpoints", type=int, default=2, help="how many of the newest epochs to keep")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, help="how many of the newest checkpoints to keep")
+    parser.add_argument("--notice-every", type=int, default=10, help="steps between the ranks' checks for SIGTERM")
     return parser.parse_args()
 
 
@@ -92,16 +102,30 @@ def main() -> None:
     # Every rank takes the same number of steps, or the collectives would wait forever.
     steps = min_over_ranks(len(x) // args.micro_batch_size, dist)
     checkpoints = Path(args.checkpoints) if args.checkpoints else data / "checkpoints"
-    resumed = resume(engine, checkpoints, args.epochs, dist)
+    resumed, skipped, carried = resume(engine, checkpoints, args.epochs, dist)
     checkpoint_seconds = 0.0
+    notice = Notice()
 
     train_started = time.monotonic()  # the loop without its checkpoints: steps_per_second compares launchers
     for epoch in range(resumed + 1, args.epochs + 1):
         # The order depends on (seed, rank, epoch) only: a resumed run sees what an unbroken one would.
         generator = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 1009 + rank)
         order = torch.randperm(len(x), generator=generator)
-        total = 0.0
-        for step in range(steps):
+        first = skipped if epoch == resumed + 1 else 0
+        total = carried if epoch == resumed + 1 and rank == 0 else 0.0  # the epoch's loss so far, all ranks
+        for step in range(first, steps):
+            if step > first and step % args.notice_every == 0 and notice.agreed(dist):
+                sum_of_losses = torch.tensor([total])
+                dist.all_reduce(sum_of_losses)
+                save(engine, checkpoints, (epoch - 1, step), args.keep_checkpoints, rank, world,
+                     loss_total=sum_of_losses.item())  # fmt: skip
+                if rank == 0:
+                    print(f"SIGTERM: saved checkpoint epoch {epoch - 1} step {step} in {checkpoints}; exiting",
+                          flush=True)  # fmt: skip
+                dist.barrier()  # every rank past the save and the marker before any exits
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(SAVED_ON_NOTICE)  # now: the interpreter's and torch's teardown take seconds
             index = order[step * args.micro_batch_size : (step + 1) * args.micro_batch_size]
             loss = loss_fn(engine(x[index].to(dtype)).float(), y[index])
             engine.backward(loss)
@@ -112,10 +136,10 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs} loss {mean.item() / world:.4f}", flush=True)
         saving = time.monotonic()
-        save(engine, checkpoints, epoch, args.keep_checkpoints, rank, world)
+        save(engine, checkpoints, (epoch, 0), args.keep_checkpoints, rank, world)
         checkpoint_seconds += time.monotonic() - saving
     train_seconds = time.monotonic() - train_started - checkpoint_seconds
-    trained_steps = steps * (args.epochs - resumed)
+    trained_steps = steps * (args.epochs - resumed) - skipped
 
     # Full parameters on every rank (ZeRO-3 partitions them; a no-op for stages 0-2).
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
@@ -136,6 +160,8 @@ def main() -> None:
             "zero_stage": args.zero_stage,
             "seconds": round(time.monotonic() - started, 2),
             "resumed_from_epoch": resumed,
+            "resumed_from_step": skipped,
+            "trained_steps": trained_steps,
             "checkpoint_seconds": round(checkpoint_seconds, 3),
             "train_seconds": round(train_seconds, 3),
             "steps_per_second": round(trained_steps / train_seconds, 2) if trained_steps else None,
@@ -162,49 +188,85 @@ def use_current_collectives(dist: object) -> None:
         backend.reduce_scatter_function = dist.reduce_scatter_single
 
 
-def resume(engine: object, directory: Path, epochs: int, dist: object) -> int:
+class Notice:
+    """SIGTERM sets a flag; ``agreed`` asks every rank (one collective), so that all save at the
+    same step: DeepSpeed's save needs every rank, and a rank that went on alone would wait in the
+    next step's all-reduce forever."""
+
+    def __init__(self) -> None:
+        self.given = False
+        signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, _signum: int, _frame: object) -> None:
+        self.given = True
+
+    def agreed(self, dist: object) -> bool:
+        import torch
+
+        flag = torch.tensor([1 if self.given else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # type: ignore[attr-defined]
+        return bool(flag.item())
+
+
+def resume(engine: object, directory: Path, epochs: int, dist: object) -> tuple[int, int, float]:
     """Load the newest complete checkpoint (weights, optimizer state, step count) on every rank;
-    the epoch it ended, or 0 when there is none. Rank 0 reads which one and tells the others, so
-    all ranks load the same epoch. ZeRO splits the optimizer state per rank: a checkpoint of
-    another world size is refused, naming it, rather than loaded wrong."""
+    where it was taken (whole epochs done, steps of the next one done, the sum of that epoch's
+    losses so far over all ranks), or (0, 0, 0.0) when there is none. Rank 0 reads which one and
+    tells the others, so all ranks load the same. ZeRO splits the optimizer state per rank: a
+    checkpoint of another world size is refused, naming it, rather than loaded wrong."""
     import torch
 
     rank, world = dist.get_rank(), dist.get_world_size()  # type: ignore[attr-defined]
-    newest, passed = newest_complete(directory) if rank == 0 else ((0, 0), [])
+    newest, passed = newest_complete(directory) if rank == 0 else ((0, 0, 0), [])
     choice = torch.tensor(newest)
     dist.broadcast(choice, src=0)  # type: ignore[attr-defined]
-    done, saved_world = (int(v) for v in choice.tolist())
-    if done and saved_world != world:
+    done, step, saved_world = (int(v) for v in choice.tolist())
+    if (done or step) and saved_world != world:
         raise RuntimeError(
             f"the newest checkpoint in {directory} was written by {saved_world} ranks, this run has {world}: "
             f"run with {saved_world} ranks to resume it, or delete {directory} to start over"
         )
-    if done == 0:
-        return 0
-    path, _ = engine.load_checkpoint(str(directory), tag=epoch_tag(done))  # type: ignore[attr-defined]
+    if not (done or step):
+        return 0, 0, 0.0
+    tag = position_tag((done, step))
+    path, _ = engine.load_checkpoint(str(directory), tag=tag)  # type: ignore[attr-defined]
     if path is None:
-        raise RuntimeError(f"checkpoint {directory / epoch_tag(done)} could not be loaded; delete it to start over")
+        raise RuntimeError(f"checkpoint {directory / tag} could not be loaded; delete it to start over")
+    carried = 0.0
     if rank == 0:
+        carried = float(json.loads((directory / tag / COMPLETE).read_text()).get("loss_total", 0.0))
         why = f": the newest complete one ({'; '.join(passed)})" if passed else ""
-        print(f"resumed from checkpoint epoch {done} (of {epochs}) in {directory}{why}", flush=True)
-    return done
+        at = f"epoch {done} step {step}" if step else f"epoch {done}"
+        print(f"resumed from checkpoint {at} (of {epochs}) in {directory}{why}", flush=True)
+    return done, step, carried
 
 
-def save(engine: object, directory: Path, epoch: int, keep: int, rank: int, world: int) -> None:
+def save(
+    engine: object,
+    directory: Path,
+    position: tuple[int, int],
+    keep: int,
+    rank: int,
+    world: int,
+    loss_total: float = 0.0,
+) -> None:
     """Every rank saves its part (DeepSpeed's rule: each holds its own optimizer shard). Only once
-    all have (save_checkpoint ends in a barrier) does rank 0 write the epoch's completion marker
-    and name it in ``latest``, each by an atomic rename: a rank killed mid-save leaves an epoch
-    without a marker, and the previous one the newest complete one."""
-    folder = directory / epoch_tag(epoch)
-    if rank == 0:  # a marker left by an earlier try that saved this epoch too no longer holds
+    all have (save_checkpoint ends in a barrier) does rank 0 write the checkpoint's completion
+    marker and name it in ``latest``, each by an atomic rename: a rank killed mid-save leaves a
+    checkpoint without a marker, and the previous one the newest complete one. ``position``:
+    whole epochs done and steps of the next one (0 at an epoch's end)."""
+    tag = position_tag(position)
+    folder = directory / tag
+    if rank == 0:  # a marker left by an earlier try that saved this position too no longer holds
         (folder / COMPLETE).unlink(missing_ok=True)
-    engine.save_checkpoint(str(directory), tag=epoch_tag(epoch), save_latest=False)  # type: ignore[attr-defined]
+    engine.save_checkpoint(str(directory), tag=tag, save_latest=False)  # type: ignore[attr-defined]
     if rank != 0:
         return
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-    write_atomically(folder / COMPLETE, json.dumps({"epoch": epoch, "world_size": world, "files": files}))
-    write_atomically(directory / LATEST, epoch_tag(epoch))
-    for old in sorted(directory.glob("epoch*"), key=tag_epoch)[: -max(keep, 1)]:
+    marker = {"epoch": position[0], "step": position[1], "world_size": world, "files": files, "loss_total": loss_total}
+    write_atomically(folder / COMPLETE, json.dumps(marker))
+    write_atomically(directory / LATEST, tag)
+    for old in sorted(directory.glob("epoch*"), key=tag_position)[: -max(keep, 1)]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -214,27 +276,34 @@ def write_atomically(path: Path, text: str) -> None:
     staging.replace(path)
 
 
-def epoch_tag(epoch: int) -> str:
-    return f"epoch{epoch}"
+def position_tag(position: tuple[int, int]) -> str:
+    """``epoch3`` after 3 whole epochs; ``epoch3-step40`` 40 steps into the 4th."""
+    epoch, step = position
+    return f"epoch{epoch}-step{step}" if step else f"epoch{epoch}"
 
 
-def tag_epoch(path: Path) -> int:
-    text = path.name.removeprefix("epoch")
-    return int(text) if text.isdigit() else -1
+def tag_position(path: Path) -> tuple[int, int]:
+    """(whole epochs, steps of the next) a checkpoint directory's name says; (-1, 0) for another name."""
+    epoch, _, step = path.name.removeprefix("epoch").partition("-step")
+    if not epoch.isdigit() or (step and not step.isdigit()):
+        return (-1, 0)
+    return (int(epoch), int(step or 0))
 
 
-def newest_complete(directory: Path) -> tuple[tuple[int, int], list[str]]:
-    """(epoch, world size) of the newest complete checkpoint, (0, 0) when there is none; and why
-    each newer one was passed over."""
+def newest_complete(directory: Path) -> tuple[tuple[int, int, int], list[str]]:
+    """(whole epochs, steps of the next, world size) of the newest complete checkpoint, (0, 0, 0)
+    when there is none; and why each newer one was passed over."""
     passed = []
-    for folder in sorted(directory.glob("epoch*"), key=tag_epoch, reverse=True):
-        if tag_epoch(folder) <= 0:
+    for folder in sorted(directory.glob("epoch*"), key=tag_position, reverse=True):
+        epoch, step = tag_position(folder)
+        if epoch < 0 or (epoch, step) == (0, 0):
             continue
         problem, world = torn(folder)
         if problem is None:
-            return (tag_epoch(folder), world), passed
-        passed.append(f"epoch {tag_epoch(folder)} is torn: {problem}")
-    return (0, 0), passed
+            return (epoch, step, world), passed
+        at = f"epoch {epoch} step {step}" if step else f"epoch {epoch}"
+        passed.append(f"{at} is torn: {problem}")
+    return (0, 0, 0), passed
 
 
 def torn(folder: Path) -> tuple[str | None, int]:

@@ -6,7 +6,10 @@ one before and says why in the log."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 from airflow_mpi.backends.local import LocalBackend
 from airflow_mpi.runner.job import JobRunner
 from tests.integration.test_local_backend import Log, make_plan
+from tests.integration.test_notice_local import run_quietly
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "dags" / "scripts" / "train_digits.py"
@@ -30,13 +34,55 @@ def prepare(data: Path) -> None:
     np.savez(data / "test.npz", x=x[1200:], y=digits.target[1200:])
 
 
-def train(backend: LocalBackend, data: Path, epochs: int) -> tuple[dict[str, Any], Log]:
+def runner(backend: LocalBackend, data: Path, epochs: int, log: Log) -> JobRunner:
     command = [sys.executable, str(SCRIPT), "--data", str(data), "--epochs", str(epochs), "--keep-checkpoints", "3"]
     plan = make_plan(command, env={"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}, mpi={"btl": "tcp,self"},
                      timeout=600)  # fmt: skip
+    return JobRunner(backend, plan, log)
+
+
+STEPS_PER_EPOCH = 12  # prepare()'s 1200 samples over 3 ranks, 32 a step
+
+
+def train(backend: LocalBackend, data: Path, epochs: int) -> tuple[dict[str, Any], Log]:
     log = Log()
-    result = JobRunner(backend, plan, log).run()
+    result = runner(backend, data, epochs, log).run()
     return result.result, log
+
+
+def test_a_killed_task_saves_on_the_notice_and_its_retry_loses_no_step(backend: LocalBackend, shared_dir: Path) -> None:
+    """Killed (as on_kill does) after epoch 2 of 30: the ranks save where they agree to stop,
+    ``epoch<E>-step<S>``, and the retry goes on from that very step, to the model an unbroken run
+    trains (the same test accuracy, every step trained once)."""
+    prepare(shared_dir)
+    log = Log()
+    first = runner(backend, shared_dir, 30, log)
+    thread = threading.Thread(target=run_quietly, args=(first,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not any("epoch 2/30" in line for line in log.lines):
+        assert time.monotonic() < deadline and thread.is_alive(), log.lines[-30:]
+        time.sleep(0.05)
+    assert first.teardown(notice=True) == []
+    thread.join(30)
+    saved = [p.name for p in (shared_dir / "checkpoints").glob("epoch*-step*") if (p / "COMPLETE.json").exists()]
+    assert len(saved) == 1, (saved, log.lines[-30:])
+    epoch, step = (int(n) for n in saved[0].removeprefix("epoch").split("-step"))
+    assert epoch >= 2 and step == 10, saved  # the first step the ranks asked one another after the notice
+
+    resumed, log = train(backend, shared_dir, epochs=30)
+    assert (resumed["resumed_from_epoch"], resumed["resumed_from_step"]) == (epoch, step), resumed
+    assert any(f"resumed from checkpoint epoch {epoch} step {step} (of 30)" in line for line in log.lines)
+    assert resumed["trained_steps"] == 30 * STEPS_PER_EPOCH - (epoch * STEPS_PER_EPOCH + step), resumed
+
+    unbroken_dir = shared_dir.with_name(f"{shared_dir.name}-unbroken")
+    unbroken_dir.mkdir()
+    try:
+        prepare(unbroken_dir)
+        unbroken, _ = train(backend, unbroken_dir, epochs=30)
+    finally:
+        shutil.rmtree(unbroken_dir, ignore_errors=True)
+    assert resumed["test_accuracy"] == unbroken["test_accuracy"], (resumed, unbroken)
 
 
 def test_a_torn_newest_checkpoint_is_passed_over_for_the_one_before_and_said(
@@ -70,16 +116,26 @@ def test_a_torn_newest_checkpoint_is_passed_over_for_the_one_before_and_said(
 @pytest.mark.parametrize(
     ("files", "expected"),
     [
-        ({}, ((0, 0), [])),
-        ({"epoch1/COMPLETE.json": '{"world_size": 2, "files": {"a.pt": 3}}', "epoch1/a.pt": "abc"}, ((1, 2), [])),
+        ({}, ((0, 0, 0), [])),
+        ({"epoch1/COMPLETE.json": '{"world_size": 2, "files": {"a.pt": 3}}', "epoch1/a.pt": "abc"}, ((1, 0, 2), [])),
         (
             {"epoch1/COMPLETE.json": '{"world_size": 2, "files": {"a.pt": 3}}', "epoch1/a.pt": "abc",
              "epoch2/COMPLETE.json": "{not json", "epoch2/a.pt": "abc"},
-            ((1, 2), ["epoch 2 is torn: its completion marker is unreadable"]),
+            ((1, 0, 2), ["epoch 2 is torn: its completion marker is unreadable"]),
         ),
         (
             {"epoch3/COMPLETE.json": '{"world_size": 2, "files": {"a.pt": 3, "b.pt": 1}}', "epoch3/a.pt": "abc"},
-            ((0, 0), ["epoch 3 is torn: b.pt is missing"]),
+            ((0, 0, 0), ["epoch 3 is torn: b.pt is missing"]),
+        ),
+        (  # saved on the notice, 40 steps into epoch 2: newer than epoch 1, older than epoch 2
+            {"epoch1/COMPLETE.json": '{"world_size": 2, "files": {}}',
+             "epoch1-step40/COMPLETE.json": '{"world_size": 2, "files": {}}'},
+            ((1, 40, 2), []),
+        ),
+        (
+            {"epoch1-step40/COMPLETE.json": '{"world_size": 2, "files": {}}',
+             "epoch2/COMPLETE.json": '{"world_size": 2, "files": {}}', "epoch2-step5/a.pt": "a"},
+            ((2, 0, 2), ["epoch 2 step 5 is torn: no completion marker"]),
         ),
     ],
 )  # fmt: skip
